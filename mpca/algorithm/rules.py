@@ -1,0 +1,141 @@
+"""The update rules of MPCA SGD and of the baselines, one function per equation.
+
+Everything here is pure tensor arithmetic: no Spark, no I/O.  Equation numbers
+refer to Langer et al., "Distributed Training of Deep Learning Models: A
+Taxonomic Perspective" / MPCA SGD (2018), seeds/mpca-sgd-langer-2018.txt.
+
+Driver side, per shard: reduce (Eq. 9) → blend (Eq. 8) → trajectory (Eq. 4)
+→ extrapolate (Eq. 5).  Agent side, every step: elastic pull (Eq. 7), then the
+optimizer step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+
+# --------------------------------------------------------------------------- Eq. 9
+@dataclass
+class WeightedSum:
+    """Partial result of the τ-weighted reduction: Σ τ_i x_i and Σ τ_i over some agents.
+
+    Partials combine associatively (:meth:`combine`), which is what lets Spark's
+    treeReduce compute Eq. 9 across the cluster; :func:`finish_reduction`
+    divides at the root.
+    """
+
+    total: Optional[torch.Tensor]  # Σ τ_i x_i, None when no agent contributed a positive weight
+    weight: float  # Σ τ_i
+
+    @staticmethod
+    def of(x: torch.Tensor, tau: float) -> "WeightedSum":
+        if tau < 0:
+            raise ValueError(f"tau must be >= 0, got {tau}")
+        if tau == 0:  # an agent that made no step carries weight 0 (and its x is not even needed)
+            return WeightedSum(None, 0.0)
+        return WeightedSum(x.to(torch.float64) * float(tau), float(tau))
+
+    def combine(self, other: "WeightedSum") -> "WeightedSum":
+        if self.total is None:
+            return WeightedSum(other.total, self.weight + other.weight)
+        if other.total is None:
+            return WeightedSum(self.total, self.weight + other.weight)
+        return WeightedSum(self.total + other.total, self.weight + other.weight)
+
+
+def finish_reduction(partial: WeightedSum, joint: torch.Tensor) -> torch.Tensor:
+    """Eq. 9 at the root: R = Σ τ_i x_i / Σ τ_i; when Σ τ_i = 0, R = x̃ (the joint shard is kept)."""
+    if partial.total is None or partial.weight <= 0:
+        return joint.clone()
+    return (partial.total / partial.weight).to(joint.dtype)
+
+
+def tau_weighted_reduce(shards: Sequence[torch.Tensor], taus: Sequence[float], joint: torch.Tensor) -> torch.Tensor:
+    """Eq. 9: R(x^1..x^K) = Σ τ_i x_i / Σ τ_i, with τ_i = 0 → weight 0 and Σ τ_i = 0 → x̃."""
+    if len(shards) != len(taus):
+        raise ValueError(f"{len(shards)} shards but {len(taus)} taus")
+    acc = WeightedSum(None, 0.0)
+    for x, tau in zip(shards, taus):
+        acc = acc.combine(WeightedSum.of(x, tau))
+    return finish_reduction(acc, joint)
+
+
+def reduction_weights(taus: Sequence[float]) -> list:
+    """The weights τ_i / Σ τ_j that Eq. 9 gives each agent (all 0 when Σ τ = 0)."""
+    total = float(sum(taus))
+    if any(t < 0 for t in taus):
+        raise ValueError("taus must be >= 0")
+    return [0.0 if total == 0 else float(t) / total for t in taus]
+
+
+# --------------------------------------------------------------------------- Eq. 8
+def blend(joint: torch.Tensor, reduced: torch.Tensor, beta: float) -> torch.Tensor:
+    """Eq. 8: x̃_t = (1 - β) x̃_{t-1} + β R."""
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must lie in [0, 1], got {beta}")
+    return torch.lerp(joint, reduced.to(joint.dtype), beta)
+
+
+# --------------------------------------------------------------------------- Eq. 4
+def trajectory(velocity: torch.Tensor, joint_new: torch.Tensor, joint_old: torch.Tensor, delta: float) -> torch.Tensor:
+    """Eq. 4: ṽ_t = δ ṽ_{t-1} + (1 - δ)(x̃_t - x̃_{t-1}).
+
+    Both joint states must be *real* states produced by Eq. 8, never
+    extrapolated ones (§4.3: that would be very unstable).
+    """
+    if not 0.0 <= delta <= 1.0:
+        raise ValueError(f"delta must lie in [0, 1], got {delta}")
+    return velocity * delta + (joint_new - joint_old) * (1.0 - delta)
+
+
+# --------------------------------------------------------------------------- Eq. 5
+def extrapolate(joint: torch.Tensor, velocity: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Eq. 5: x*_{t+γ} = x̃_t + γ ṽ_t (γ = 0 disables the projection)."""
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    if gamma == 0:
+        return joint.clone()
+    return joint + velocity * gamma
+
+
+# --------------------------------------------------------------------------- Eq. 7
+@torch.no_grad()
+def elastic_pull_(local: Sequence[torch.Tensor], target: Sequence[torch.Tensor], alpha: float) -> None:
+    """Eq. 7, in place: x_i ← x_i - α (x_i - x*) = lerp(x_i, x*, α), fused over all tensors.
+
+    Applied by each agent just before computing gradients, every step; ``local``
+    are the live views of one shard, ``target`` the projected joint shard
+    (same shapes, dtypes and devices).
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    if alpha == 0.0 or not local:
+        return
+    torch._foreach_lerp_(list(local), list(target), alpha)
+
+
+# --------------------------------------------------------------------------- baselines
+def model_average(shards: Sequence[torch.Tensor]) -> torch.Tensor:
+    """SparkNet (§3.1): R = (1/K) Σ x_i; the result replaces the joint model."""
+    if not shards:
+        raise ValueError("model_average needs at least one shard")
+    acc = torch.zeros_like(shards[0], dtype=torch.float64)
+    for x in shards:
+        acc += x
+    return (acc / len(shards)).to(shards[0].dtype)
+
+
+@torch.no_grad()
+def easgd_exchange_(local: Sequence[torch.Tensor], center: Sequence[torch.Tensor], alpha: float) -> None:
+    """Asynchronous EASGD (Eqs. 2–3), in place on both sides, from the same x_t^i and x̃_t:
+
+    Eq. 2: x^i ← x^i - α (x^i - x̃);  Eq. 3: x̃ ← x̃ + α (x^i - x̃).
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    diffs = torch._foreach_sub(list(local), list(center))
+    torch._foreach_mul_(diffs, alpha)
+    torch._foreach_sub_(list(local), diffs)
+    torch._foreach_add_(list(center), diffs)

@@ -1,0 +1,66 @@
+"""Reference models: the small CNN of the default demo and the CIFAR ResNets of the paper (§6.2)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class SmallCNN(nn.Module):
+    """A small CNN for 8×8 (digits) or 28×28 (MNIST) single-channel images."""
+
+    def __init__(self, image_size: int = 8, num_classes: int = 10, width: int = 32):
+        super().__init__()
+        if image_size < 4:
+            raise ValueError(f"image_size must be >= 4, got {image_size}")
+        self.features = nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        side = image_size // 2
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(width * side * side, 128), nn.ReLU(), nn.Linear(128, num_classes))
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+class _Block(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.short = None
+        if stride != 1 or cin != cout:
+            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        y = self.b2(self.c2(y))
+        return torch.relu(y + (x if self.short is None else self.short(x)))
+
+
+class CifarResNet(nn.Module):
+    """He et al.'s CIFAR ResNet-(6n+2): ResNet-110 is ``n=18`` (1.7M parameters)."""
+
+    def __init__(self, n: int = 18, num_classes: int = 10, in_channels: int = 3):
+        super().__init__()
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        layers, cin = [], 16
+        for cout, stride in ((16, 1), (32, 2), (64, 2)):
+            for i in range(n):
+                layers.append(_Block(cin, cout, stride if i == 0 else 1))
+                cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def resnet110(num_classes: int = 10) -> CifarResNet:
+    return CifarResNet(18, num_classes)
