@@ -21,6 +21,7 @@ import torch
 class WeightedSum:
     """Partial result of the τ-weighted reduction: Σ τ_i x_i and Σ τ_i over some agents.
 
+    Works on torch tensors and numpy arrays alike (the exchange tasks send numpy).
     Partials combine associatively (:meth:`combine`), which is what lets Spark's
     treeReduce compute Eq. 9 across the cluster; :func:`finish_reduction`
     divides at the root.
@@ -35,7 +36,7 @@ class WeightedSum:
             raise ValueError(f"tau must be >= 0, got {tau}")
         if tau == 0:  # an agent that made no step carries weight 0 (and its x is not even needed)
             return WeightedSum(None, 0.0)
-        return WeightedSum(x.to(torch.float64) * float(tau), float(tau))
+        return WeightedSum(x * float(tau), float(tau))
 
     def combine(self, other: "WeightedSum") -> "WeightedSum":
         if self.total is None:
@@ -49,7 +50,7 @@ def finish_reduction(partial: WeightedSum, joint: torch.Tensor) -> torch.Tensor:
     """Eq. 9 at the root: R = Σ τ_i x_i / Σ τ_i; when Σ τ_i = 0, R = x̃ (the joint shard is kept)."""
     if partial.total is None or partial.weight <= 0:
         return joint.clone()
-    return (partial.total / partial.weight).to(joint.dtype)
+    return (torch.as_tensor(partial.total) / partial.weight).to(joint.dtype)
 
 
 def tau_weighted_reduce(shards: Sequence[torch.Tensor], taus: Sequence[float], joint: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Data: bundled real datasets and the Arrow → torch path agents train from."""

@@ -1,0 +1,50 @@
+"""Arrow record batches → torch tensors, without pandas and without collecting to the driver."""
+from __future__ import annotations
+
+from typing import Iterable, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+
+def _column_values(col: pa.Array) -> Tuple[np.ndarray, int]:
+    """Flatten a (possibly nested) list column into its numeric values and the row width."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
+        if col.null_count:
+            raise ValueError("feature column contains null rows")
+        flat = col.flatten()
+        if pa.types.is_list(flat.type) or pa.types.is_fixed_size_list(flat.type):
+            flat = flat.flatten()
+        values = flat.to_numpy(zero_copy_only=False)
+        width = len(values) // len(col) if len(col) else 0
+        if width * len(col) != len(values):
+            raise ValueError("feature arrays have different lengths across rows")
+        return values, width
+    if pa.types.is_floating(col.type) or pa.types.is_integer(col.type):
+        return col.to_numpy(zero_copy_only=False), 1
+    raise ValueError(f"unsupported feature column type {col.type}; use array<float> (or a vector column)")
+
+
+def batches_to_tensors(batches: Iterable[pa.RecordBatch], features: str, label: str,
+                       input_shape: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Concatenate record batches into (features reshaped to ``(n, *input_shape)``, labels)."""
+    xs, ys = [], []
+    for b in batches:
+        if b.num_rows == 0:
+            continue
+        values, width = _column_values(b.column(b.schema.get_field_index(features)))
+        expected = int(np.prod(input_shape)) if input_shape else width
+        if width != expected:
+            raise ValueError(f"rows of {features!r} have {width} values but input_shape {tuple(input_shape)} needs {expected}")
+        xs.append(values.astype(np.float32, copy=False).reshape(b.num_rows, *(input_shape or (width,))))
+        ys.append(b.column(b.schema.get_field_index(label)).to_numpy(zero_copy_only=False))
+    if not xs:
+        shape = (0, *(input_shape or (0,)))
+        return torch.zeros(shape, dtype=torch.float32), torch.zeros(0, dtype=torch.int64)
+    x = torch.from_numpy(np.concatenate(xs))
+    y = np.concatenate(ys)
+    y_t = torch.from_numpy(y.astype(np.int64)) if np.issubdtype(y.dtype, np.integer) else torch.from_numpy(y.astype(np.float32))
+    return x, y_t

@@ -1,0 +1,262 @@
+"""The agent: a long-lived Spark task that trains a local replica at full speed (§5.1).
+
+One agent per GPU (or per CPU slot) holds its Spark task for the whole run.
+Its training loop applies the elastic pull of Eq. 7 toward the latest
+projected joint shards before every gradient step and counts, per shard, the
+steps τ made since that shard was last yielded for a reduction (Eq. 9's
+weights).  A server thread answers the exchange tasks of its executor over the
+authenticated local channel (:mod:`mpca.runtime.channel`): it hands out shard
+snapshots with their τ (the YieldContext) and takes in broadcast shards (the
+Future), without stopping the training loop for longer than one step.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from mpca.algorithm import ShardLayout, elastic_pull_
+from mpca.runtime import placement
+from mpca.runtime.channel import Channel, ChannelError, listen
+
+log = logging.getLogger("mpca.agent")
+
+
+@dataclass
+class AgentSpec:
+    """Everything an agent needs, shipped to executors with cloudpickle inside the task closure."""
+
+    run_id: str
+    secret: bytes
+    model_fn: Callable[[], torch.nn.Module]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    optimizer_fn: Callable[[Any], torch.optim.Optimizer]
+    layout: ShardLayout
+    init_state: Dict[str, np.ndarray]
+    buffers: str = "average"
+    batch_size: int = 64
+    input_shape: tuple = ()
+    seed: int = 0
+    idle_timeout_s: float = 300.0
+    max_payload: int = 8 * 1024 ** 3
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+def load_state(model: torch.nn.Module, state: Dict[str, np.ndarray]) -> None:
+    sd = {k: torch.from_numpy(np.asarray(v)) for k, v in state.items()}
+    model.load_state_dict(sd, strict=True)
+
+
+def model_state(model: torch.nn.Module) -> Dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def choose_device(gpu_addresses: List[str]) -> torch.device:
+    """cuda:<addr> for the GPU Spark assigned to this task when CUDA is real, else the CPU."""
+    if gpu_addresses and torch.cuda.is_available():
+        idx = int(gpu_addresses[0])
+        if idx < torch.cuda.device_count():
+            return torch.device(f"cuda:{idx}")
+    return torch.device("cpu")
+
+
+class Agent:
+    def __init__(self, spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
+                 gpu_addresses: Optional[List[str]] = None):
+        self.spec = spec
+        self.id = agent_id
+        self.gpu_addresses = list(gpu_addresses or [])
+        self.device = choose_device(self.gpu_addresses)
+        torch.manual_seed(spec.seed + 1000 * agent_id)
+        self.model = spec.model_fn()
+        load_state(self.model, spec.init_state)  # every agent starts from the driver's joint model
+        self.model.to(self.device)
+        self.optimizer = spec.optimizer_fn(self.model.parameters())
+        self.shards = spec.layout.bind_module(self.model, spec.buffers)
+        self.features = features.to(self.device)
+        self.labels = labels.to(self.device)
+        S = spec.layout.num_shards
+        self.lock = threading.Lock()
+        self.tau = [0] * S
+        self.targets: List[Optional[List[torch.Tensor]]] = [None] * S
+        self.alpha = 0.0
+        self.steps = 0
+        self.samples = 0
+        self.last_loss = float("nan")
+        self.claimed_token = ""
+        self.last_contact = time.time()
+        self.error: Optional[str] = None
+        self.stop_requested = False
+        self.started = time.time()
+        self._rate_mark = (time.time(), 0)
+        self.executor = placement.executor_id()
+
+    # ------------------------------------------------------------------ training
+    def train_forever(self) -> None:
+        n = self.features.shape[0]
+        gen = torch.Generator().manual_seed(self.spec.seed + 7919 * self.id)
+        bs = self.spec.batch_size
+        self.model.train()
+        try:
+            while not self.stop_requested:
+                if n == 0:  # an empty partition: nothing to learn from, contribute τ = 0
+                    time.sleep(0.05)
+                    if time.time() - self.last_contact > self.spec.idle_timeout_s:
+                        break
+                    continue
+                order = torch.randperm(n, generator=gen).to(self.device)  # reshuffled every epoch
+                for lo in range(0, n, bs):
+                    if self.stop_requested:
+                        break
+                    idx = order[lo:lo + bs]
+                    self.step(self.features[idx], self.labels[idx])
+                if time.time() - self.last_contact > self.spec.idle_timeout_s:
+                    self.error = f"agent {self.id}: no exchange for {self.spec.idle_timeout_s:.0f}s; driver presumed gone"
+                    break
+        except Exception:
+            self.error = f"agent {self.id} training failed:\n{traceback.format_exc()}"
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        with self.lock:
+            if self.alpha > 0:
+                for s, target in enumerate(self.targets):
+                    if target is not None:
+                        elastic_pull_(self.shards.views(s), target, self.alpha)  # Eq. 7, before the gradient
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.spec.loss_fn(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+            for s in range(len(self.tau)):
+                self.tau[s] += 1
+            self.steps += 1
+            self.samples += int(x.shape[0])
+            if self.steps % 10 == 0:
+                self.last_loss = float(loss.detach())
+
+    # ------------------------------------------------------------------ exchange
+    def _status(self) -> dict:
+        return {"agent": self.id, "executor": self.executor, "pid": os.getpid(), "device": str(self.device),
+                "gpu": self.gpu_addresses, "steps": self.steps, "samples": self.samples,
+                "rows": int(self.features.shape[0]), "error": self.error}
+
+    def handle(self, header: dict, payload: bytearray):
+        op = header.get("op")
+        self.last_contact = time.time()
+        if op == "hello":
+            return self._status(), None
+        if op == "claim":
+            token = str(header["token"])
+            with self.lock:
+                if self.claimed_token == token:
+                    return {"ok": False, "agent": self.id}, None
+                self.claimed_token = token
+            return {"ok": True, **self._status()}, None
+        if op == "deliver":
+            s = int(header["shard"])
+            vec = torch.from_numpy(np.frombuffer(payload, dtype=_np_dtype(self.spec.layout.wire_dtype)))
+            pieces = self.shards.split(s, vec)  # conversion and host→device copy outside the lock
+            with self.lock:
+                self.targets[s] = pieces
+                self.alpha = float(header["alpha"])
+            return {"ok": True}, None
+        if op == "yield":
+            s = int(header["shard"])
+            with self.lock:  # materialize the shard between two steps
+                vec = self.shards.read(s)
+                tau = self.tau[s]
+                self.tau[s] = 0
+                steps, samples = self.steps, self.samples
+            now = time.time()
+            t0, s0 = self._rate_mark
+            self._rate_mark = (now, steps)
+            rate = (steps - s0) / (now - t0) if now > t0 else 0.0
+            return ({"tau": tau, "steps": steps, "samples": samples, "steps_per_s": rate,
+                     "loss": self.last_loss, "error": self.error, "agent": self.id, "executor": self.executor},
+                    vec.numpy().tobytes())
+        if op == "stop":
+            self.stop_requested = True
+            return {"ok": True, **self._status()}, None
+        return {"error": f"unknown op {op!r}"}, None
+
+    def serve(self, srv) -> None:
+        srv.settimeout(0.5)
+        while not self.stop_requested:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()
+
+    def _serve_one(self, conn) -> None:
+        try:
+            ch = Channel.accept(conn, self.spec.secret, self.spec.max_payload)
+            while True:
+                header, payload = ch.recv()
+                try:
+                    reply, body = self.handle(header, payload)
+                except (ValueError, KeyError, TypeError) as e:  # a malformed request gets an error reply
+                    reply, body = {"error": f"bad request {header.get('op')!r}: {e!r}"}, None
+                ch.send(reply, body)
+        except (ChannelError, OSError) as e:
+            if not isinstance(e, ChannelError) or "closed" not in str(e):
+                log.warning("agent %s: dropped a connection: %s", self.id, e)
+        finally:
+            conn.close()
+
+    def summary(self) -> dict:
+        return {**self._status(), "wall_s": time.time() - self.started}
+
+
+def _np_dtype(dtype: torch.dtype):
+    return {torch.float32: np.float32, torch.float64: np.float64}[dtype]
+
+
+def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
+              gpu_addresses: Optional[List[str]] = None) -> dict:
+    """Run one agent in this Spark task until the driver says stop; return its summary.
+
+    Takes an exclusive lock per (executor, device slot) so that a retried agent
+    task can never share its executor slot with a live agent.
+    """
+    slot = "gpu" + "-".join(gpu_addresses) if gpu_addresses else "cpu"
+    lock_path = f"mpca-{spec.run_id}-slot-{slot}.lock"
+    lock_fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock_fd)
+        return {"agent": agent_id, "executor": placement.executor_id(),
+                "error": f"agent {agent_id}: executor slot {slot} already holds an agent of this run"}
+    sock_path = placement.agent_socket(spec.run_id, agent_id)
+    srv = None
+    try:
+        agent = Agent(spec, agent_id, features, labels, gpu_addresses)
+        srv = listen(sock_path)
+        server = threading.Thread(target=agent.serve, args=(srv,), daemon=True)
+        server.start()
+        agent.train_forever()
+        # training ended (stop, error or idle): keep answering until told to stop so the driver learns why
+        deadline = time.time() + 60
+        while not agent.stop_requested and time.time() < deadline:
+            time.sleep(0.05)
+        agent.stop_requested = True
+        server.join(timeout=2)
+        return agent.summary()
+    finally:
+        if srv is not None:
+            srv.close()
+        for p in (sock_path,):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        os.close(lock_fd)

@@ -1,0 +1,178 @@
+"""Spark sessions and cluster checks: how many agents fit, where they go, how they are pinned.
+
+Agents are pinned through Spark's resource scheduling: one agent per GPU when
+the executors have GPUs (``spark.executor.resource.gpu.*``), otherwise one per
+executor through a custom resource ``agentslot`` of amount 1 per executor, so
+that Spark's retry of a lost agent task waits for a fresh executor instead of
+stacking two agents on a survivor.  Exchange tasks need no resource beyond one
+core, hence the paper's rule of 2 cores per agent (§5.1).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from mpca.errors import ClusterTooSmallError, UserError
+
+AGENT_SLOT = "agentslot"
+_SCRIPT_DIR: Optional[str] = None
+
+
+def require_classic(spark) -> None:
+    """Refuse Spark Connect sessions: agents need RDDs and long-lived tasks."""
+    mod = type(spark).__module__
+    if ".connect." in mod:
+        raise UserError(
+            "this SparkSession is a Spark Connect session (no RDDs, e.g. Databricks shared or serverless "
+            "compute); mpca needs classic Spark: use a single-user/dedicated (assigned) cluster, "
+            "spark-submit, or a local session (mpca.runtime.cluster.local_session)"
+        )
+
+
+def _discovery_script(name: str, count: int, distinct: bool) -> str:
+    """A resource discovery script.  ``distinct``: each call hands out the next ``count`` addresses
+    (fake GPUs that differ between local-cluster workers, as on a real multi-GPU cluster)."""
+    global _SCRIPT_DIR
+    if _SCRIPT_DIR is None:
+        _SCRIPT_DIR = tempfile.mkdtemp(prefix="mpca-res-")
+    path = os.path.join(_SCRIPT_DIR, f"{name}_discover.sh")
+    if distinct:
+        counter = os.path.join(_SCRIPT_DIR, f"{name}.counter")
+        body = f"""#!/bin/sh
+exec 9>"{counter}.lock"
+flock 9
+n=$(cat "{counter}" 2>/dev/null || echo 0)
+echo $((n + {count})) > "{counter}"
+addrs=""
+i=0
+while [ $i -lt {count} ]; do addrs="$addrs${{addrs:+,}}\\"$((n + i))\\""; i=$((i + 1)); done
+echo "{{\\"name\\":\\"{name}\\",\\"addresses\\":[$addrs]}}"
+"""
+    else:
+        addrs = ",".join(f'"{i}"' for i in range(count))
+        body = f'#!/bin/sh\necho \'{{"name":"{name}","addresses":[{addrs}]}}\'\n'
+    with open(path, "w") as f:
+        f.write(body)
+    os.chmod(path, 0o755)
+    return path
+
+
+def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app_name: str = "mpca",
+                  fake_gpus_per_executor: int = 0, conf: Optional[Dict[str, str]] = None):
+    """A ``local-cluster[executors, cores, memory_mb]`` session (several executor JVMs) ready for agents.
+
+    Executors run this interpreter (``PYSPARK_PYTHON`` and ``spark.pyspark.python``), every executor has
+    one ``agentslot``; with ``fake_gpus_per_executor`` each executor also gets that many fake GPUs with
+    addresses distinct across executors.
+    """
+    from pyspark.sql import SparkSession
+
+    if executors < 1 or cores < 1 or memory_mb < 256:
+        raise UserError(f"local_session needs executors >= 1, cores >= 1, memory_mb >= 256 "
+                        f"(got {executors}, {cores}, {memory_mb})")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    b = (SparkSession.builder.master(f"local-cluster[{executors},{cores},{memory_mb}]").appName(app_name)
+         .config("spark.pyspark.python", sys.executable)
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.ui.enabled", "false")
+         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+         .config("spark.executor.memory", f"{memory_mb}m"))
+    slot = _discovery_script(AGENT_SLOT, 1, distinct=False)
+    for level in ("worker", "executor"):
+        b = b.config(f"spark.{level}.resource.{AGENT_SLOT}.amount", "1")
+        b = b.config(f"spark.{level}.resource.{AGENT_SLOT}.discoveryScript", slot)
+    if fake_gpus_per_executor:
+        gpu = _discovery_script("gpu", fake_gpus_per_executor, distinct=True)
+        for level in ("worker", "executor"):
+            b = b.config(f"spark.{level}.resource.gpu.amount", str(fake_gpus_per_executor))
+            b = b.config(f"spark.{level}.resource.gpu.discoveryScript", gpu)
+    for k, v in (conf or {}).items():
+        b = b.config(k, v)
+    return b.getOrCreate()
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    executors: int
+    cores_per_executor: int
+    gpus_per_executor: int
+    agent_slots_per_executor: int
+
+    def describe(self) -> str:
+        gpu = f", {self.gpus_per_executor} GPU(s)" if self.gpus_per_executor else ""
+        return f"{self.executors} executor(s) x {self.cores_per_executor} core(s){gpu}"
+
+
+def _conf_int(sc, key: str, default: int = 0) -> int:
+    v = sc.getConf().get(key)
+    if v is None:
+        return default
+    try:
+        return int(float(v))
+    except ValueError:
+        raise UserError(f"Spark setting {key}={v!r} is not a number") from None
+
+
+def executor_count(sc) -> int:
+    return max(0, sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
+
+
+def inspect_cluster(sc, wait_for: int, wait_s: float = 60.0) -> ClusterShape:
+    """Wait (up to ``wait_s``) until ``wait_for`` executors registered, then describe the cluster."""
+    master = sc.master or ""
+    if master.startswith("local[") or master == "local":
+        raise UserError(f"master {master!r} has no executors for agents; use local-cluster[K,2,1024] "
+                        "(mpca.runtime.cluster.local_session), standalone, YARN or Kubernetes")
+    deadline = time.time() + wait_s
+    while executor_count(sc) < wait_for and time.time() < deadline:
+        time.sleep(0.2)
+    n = executor_count(sc)
+    cores = _conf_int(sc, "spark.executor.cores", 0)
+    m = re.match(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,", master)
+    if m:
+        cores = int(m.group(2))
+    if cores == 0 and n:
+        cores = max(1, sc.defaultParallelism // n)
+    gpus = _conf_int(sc, "spark.executor.resource.gpu.amount", 0)
+    slots = _conf_int(sc, f"spark.executor.resource.{AGENT_SLOT}.amount", 0)
+    return ClusterShape(n, cores, gpus, slots)
+
+
+def agents_per_executor(shape: ClusterShape, use_gpus: bool) -> int:
+    """How many agents one executor hosts: one per GPU (or one per executor), 2 cores each."""
+    per = shape.gpus_per_executor if use_gpus else 1
+    return min(per, shape.cores_per_executor // 2)
+
+
+def check_capacity(shape: ClusterShape, agents: int, use_gpus: bool) -> None:
+    """Fail fast (never hang waiting for slots) when the cluster cannot host ``agents`` agents."""
+    if agents < 1:
+        raise UserError(f"agents must be >= 1, got {agents}")
+    per = agents_per_executor(shape, use_gpus)
+    capacity = per * shape.executors
+    if capacity < agents:
+        need = "1 GPU and 2 cores" if use_gpus else "2 cores (one for the agent, one for its exchange tasks)"
+        raise ClusterTooSmallError(
+            f"cluster too small: {agents} agent(s) need {need} each, but the cluster has {shape.describe()} "
+            f"= room for {capacity}; lower 'agents' to {capacity} or add executors"
+            + (" (executors may still be starting: raise 'executor_wait_s')" if shape.executors < agents else "")
+        )
+
+
+def agent_resource_profile(use_gpus: bool, pinned: bool):
+    """The task resource profile of agent tasks (one core, plus a GPU or the agent slot)."""
+    from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+    req = TaskResourceRequests().cpus(1)
+    if use_gpus:
+        req = req.resource("gpu", 1)
+    elif pinned:
+        req = req.resource(AGENT_SLOT, 1)
+    return ResourceProfileBuilder().require(req).build

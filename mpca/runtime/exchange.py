@@ -1,0 +1,131 @@
+"""The exchange task: one per agent in every cycle's Spark job (§5.2, Fig. 12).
+
+Running beside its agent on the same executor, the task
+
+1. claims an agent of its executor for this cycle (each agent answers exactly
+   one claim per cycle, so it can never be counted twice);
+2. starts handing the new broadcast shard to the agent in the background (the
+   paper's Future: the agent integrates it without stopping its training);
+3. yields the agent's local shard with its τ only when Spark's treeReduce asks
+   for it (the paper's YieldContext), as a partial of Eq. 9.
+
+A task that finds no unclaimed agent on its executor reports itself
+``misplaced``; the driver then runs a corrective job for the agents it is
+missing (see :mod:`mpca.runtime.pipeline`).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Optional
+
+import numpy as np
+
+from mpca.algorithm.rules import WeightedSum
+from mpca.runtime import placement
+from mpca.runtime.channel import Channel, ChannelError
+
+
+@dataclass(frozen=True)
+class ExchangePlan:
+    """What every task of one exchange job does."""
+
+    run_id: str
+    secret: bytes
+    token: str  # claim token: one agent answers one task per token
+    op: str  # "cycle" | "hello" | "stop"
+    reduce_shard: Optional[int] = None
+    bcast_shard: Optional[int] = None
+    alpha: float = 0.0
+    wire_dtype: str = "float32"
+    timeout_s: float = 120.0
+
+
+def empty_record() -> Dict[str, Any]:
+    return {"partial": WeightedSum(None, 0.0), "agents": {}, "misplaced": [], "duplicates": []}
+
+
+def merge_records(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
+    """Associative merge used by treeReduce: sums the Eq. 9 partials and unions the agent reports."""
+    agents = dict(a["agents"])
+    dups = list(a["duplicates"]) + list(b["duplicates"])
+    for k, v in b["agents"].items():
+        if k in agents:
+            dups.append(k)
+        agents[k] = v
+    return {"partial": a["partial"].combine(b["partial"]), "agents": agents,
+            "misplaced": list(a["misplaced"]) + list(b["misplaced"]), "duplicates": dups}
+
+
+def _claim(plan: ExchangePlan):
+    """Connect to an agent of this executor that has not answered ``plan.token`` yet."""
+    deadline = time.time() + 10.0
+    while True:
+        sockets = placement.agent_sockets_here(plan.run_id)
+        for path in sockets:
+            try:
+                ch = Channel.connect(path, plan.secret, timeout=plan.timeout_s)
+            except (OSError, ChannelError):
+                continue
+            header, _ = ch.request({"op": "claim", "token": plan.token}, timeout=plan.timeout_s)
+            if header.get("ok"):
+                return ch, header, path
+            ch.close()
+        if sockets or time.time() > deadline or plan.op != "hello":
+            return None, None, None
+        time.sleep(0.2)  # hello: the agent may still be loading its data
+
+
+def _deliver(plan: ExchangePlan, path: str, bcast, entry: Dict[str, Any]) -> None:
+    """Background receive of the broadcast shard and hand-off to the agent (the Future)."""
+    try:
+        vec = np.ascontiguousarray(bcast.value, dtype=plan.wire_dtype)
+        entry["t_bc_loaded"] = time.time()
+        ch = Channel.connect(path, plan.secret, timeout=plan.timeout_s)
+        try:
+            header, _ = ch.request({"op": "deliver", "shard": plan.bcast_shard, "alpha": plan.alpha},
+                                   memoryview(vec), timeout=plan.timeout_s)
+        finally:
+            ch.close()
+        if not header.get("ok"):
+            entry["error"] = f"deliver refused: {header}"
+        entry["t_bc"] = time.time()
+    except Exception as e:  # reported to the driver, which fails the run with this message
+        entry["error"] = f"broadcast hand-off failed: {e!r}"
+
+
+def exchange_partition(plan: ExchangePlan, bcast, _rows: Iterator) -> Iterator[Dict[str, Any]]:
+    """mapPartitions body of an exchange job (lazy: runs when treeReduce pulls the record)."""
+    t_start = time.time()
+    rec = empty_record()
+    ch, info, path = _claim(plan)
+    if ch is None:
+        rec["misplaced"].append(placement.executor_id())
+        yield rec
+        return
+    agent = int(info["agent"])
+    entry: Dict[str, Any] = {"executor": info.get("executor"), "t_start": t_start, "error": info.get("error"),
+                             "device": info.get("device"), "gpu": info.get("gpu"), "rows": info.get("rows")}
+    try:
+        bg = None
+        if plan.op == "cycle" and plan.bcast_shard is not None and bcast is not None:
+            bg = threading.Thread(target=_deliver, args=(plan, path, bcast, entry), daemon=True)
+            bg.start()
+        if plan.op == "cycle" and plan.reduce_shard is not None:
+            header, payload = ch.request({"op": "yield", "shard": plan.reduce_shard}, timeout=plan.timeout_s)
+            entry["t_yield"] = time.time()
+            vec = np.frombuffer(payload, dtype=plan.wire_dtype)
+            rec["partial"] = WeightedSum.of(vec, float(header["tau"]))
+            entry.update({k: header.get(k) for k in ("tau", "steps", "samples", "steps_per_s", "loss")})
+            entry["error"] = entry["error"] or header.get("error")
+        elif plan.op == "stop":
+            header, _ = ch.request({"op": "stop"}, timeout=plan.timeout_s)
+            entry.update({k: header.get(k) for k in ("steps", "samples")})
+        if bg is not None:
+            bg.join(plan.timeout_s)
+    finally:
+        ch.close()
+    entry["t_end"] = time.time()
+    rec["agents"][agent] = entry
+    yield rec

@@ -1,0 +1,178 @@
+"""The driver's 3-phase pipeline (§4.2, Fig. 8): stage → broadcast → reduce, one Spark job per cycle.
+
+Cycle ``c`` reduces shard ``c mod S``.  With S ≥ 3 the shard reduced in cycle
+``c - 1`` is *staged* (Eqs. 9 → 8 → 4 → 5, new broadcast variable) on the
+driver while job ``c`` runs, and broadcast by job ``c + 1``: after warm-up one
+shard is being reduced, one broadcast and one staged at every moment.  With
+S = 2 (Fig. 7) and S = 1 (Fig. 6) staging happens between jobs and the shard
+reduced in ``c - 1`` is broadcast by job ``c``.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from mpca.algorithm.joint import JointShard, MPCAHyper
+from mpca.errors import RunFailedError
+from mpca.runtime.exchange import ExchangePlan, exchange_partition, merge_records
+from mpca.runtime.timeline import CycleRecord, Timeline
+
+log = logging.getLogger("mpca.pipeline")
+
+MAX_CORRECTIONS = 3
+
+
+@dataclass
+class _Staged:
+    shard: int
+    bc: object  # pyspark Broadcast of the projected shard x*
+
+
+class ExchangePipeline:
+    """Runs exchange cycles against K live agents and keeps the joint model (one :class:`JointShard` per shard)."""
+
+    def __init__(self, sc, run_id: str, secret: bytes, joint: Sequence[JointShard], hyper: MPCAHyper,
+                 agents: Sequence[int], wire_dtype: torch.dtype, timeline: Optional[Timeline] = None,
+                 task_timeout_s: float = 120.0):
+        self.sc = sc
+        self.run_id = run_id
+        self.secret = secret
+        self.joint: List[JointShard] = list(joint)
+        self.hyper = hyper
+        self.agents = sorted(agents)
+        self.wire = np.dtype(str(wire_dtype).replace("torch.", ""))
+        self.timeline = timeline or Timeline()
+        self.task_timeout_s = task_timeout_s
+        self.S = len(self.joint)
+        self.lag = 2 if self.S >= 3 else 1
+        self._staged: Dict[int, _Staged] = {}
+        self._pending = None  # (cycle, shard, record) reduced but not yet staged
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpca-exchange")
+        self.last_agent_reports: Dict[int, dict] = {}
+
+    # ------------------------------------------------------------------ jobs
+    def _plan(self, token: str, op: str, **kw) -> ExchangePlan:
+        return ExchangePlan(self.run_id, self.secret, token, op, wire_dtype=self.wire.name,
+                            timeout_s=self.task_timeout_s, **kw)
+
+    def run_job(self, plan: ExchangePlan, tasks: int, bc, description: str) -> dict:
+        self.sc.setJobGroup(f"mpca-{self.run_id}-exchange", description, interruptOnCancel=True)
+        rdd = self.sc.parallelize(range(tasks), tasks)
+        return rdd.mapPartitions(functools.partial(exchange_partition, plan, bc)).treeReduce(merge_records, depth=2)
+
+    def _job_with_corrections(self, plan: ExchangePlan, bc, description: str, rec: CycleRecord) -> dict:
+        """Run the job; if tasks landed where no unclaimed agent was, rerun for the missing agents."""
+        result = self.run_job(plan, len(self.agents), bc, description)
+        rec.misplaced += len(result["misplaced"])
+        for attempt in range(MAX_CORRECTIONS):
+            missing = [a for a in self.agents if a not in result["agents"]]
+            if not missing:
+                break
+            rec.corrections += 1
+            log.info("cycle %s: %d task(s) misplaced, correcting for agents %s", plan.token, len(result["misplaced"]), missing)
+            more = self.run_job(plan, len(missing), bc, f"{description} (correction {attempt + 1}: agents {missing})")
+            rec.misplaced += len(more["misplaced"])
+            result = merge_records({**result, "misplaced": []}, more)
+        if result["duplicates"]:
+            raise RunFailedError(f"agents {sorted(set(result['duplicates']))} contributed twice in cycle {plan.token}")
+        rec.missing = [a for a in self.agents if a not in result["agents"]]
+        if rec.missing:
+            log.warning("cycle %s: agents %s did not contribute after %d corrections; their steps carry over (tau "
+                        "keeps counting) to their next contribution", plan.token, rec.missing, MAX_CORRECTIONS)
+        errors = {a: e["error"] for a, e in result["agents"].items() if e.get("error")}
+        if errors:
+            a, msg = sorted(errors.items())[0]
+            raise RunFailedError(f"agent {a} failed: {msg}")
+        return result
+
+    # ------------------------------------------------------------------ phases
+    def _stage(self, cycle: int, shard: int, result: dict, rec: CycleRecord) -> None:
+        """Stage phase: Eq. 9 (finish), 8, 4, 5 on the driver, then a new broadcast variable."""
+        rec.stage_shard, rec.stage_start = shard, time.time()
+        star = self.joint[shard].update(result["partial"], self.hyper.beta(cycle), self.hyper.gamma(cycle),
+                                        self.hyper.delta)
+        bc = self.sc.broadcast(np.ascontiguousarray(star.numpy(), dtype=self.wire))
+        self._staged[cycle + self.lag] = _Staged(shard, bc)
+        rec.stage_end = time.time()
+
+    def cycle(self, c: int) -> CycleRecord:
+        r = c % self.S
+        staged = self._staged.pop(c, None)
+        alpha = self.hyper.alpha(c)
+        plan = self._plan(f"c{c}", "cycle", reduce_shard=r, bcast_shard=staged.shard if staged else None, alpha=alpha)
+        desc = f"mpca cycle {c}: reduce shard {r}" + (f", broadcast shard {staged.shard}" if staged else "")
+        rec = CycleRecord(c, r, staged.shard if staged else None, t_submit=time.time())
+        fut = self._pool.submit(self._job_with_corrections, plan, staged.bc if staged else None, desc, rec)
+        if self.lag == 2 and self._pending is not None:
+            self._stage(*self._pending, rec)  # concurrent with job c
+            self._pending = None
+        result = fut.result()
+        rec.t_end = time.time()
+        if staged is not None:
+            staged.bc.destroy(blocking=False)  # executors' memory stays flat over thousands of cycles
+        rec.agents = {a: {k: v for k, v in e.items()} for a, e in result["agents"].items()}
+        self.last_agent_reports.update(rec.agents)
+        yields = [e["t_yield"] for e in rec.agents.values() if e.get("t_yield")]
+        bcs = [e["t_bc"] for e in rec.agents.values() if e.get("t_bc")]
+        rec.reduce_start = min(yields) if yields else None
+        rec.bcast_end = max(bcs) if bcs else None
+        if self.lag == 1:
+            self._stage(c, r, result, rec)
+        else:
+            self._pending = (c, r, result)
+        self.timeline.add(rec)
+        return rec
+
+    def flush(self) -> None:
+        """Stage whatever was reduced but not staged yet, so the joint model holds every reduction."""
+        if self._pending is not None:
+            c, r, result = self._pending
+            self._pending = None
+            self.joint[r].update(result["partial"], self.hyper.beta(c), self.hyper.gamma(c), self.hyper.delta)
+        for st in self._staged.values():
+            st.bc.destroy(blocking=False)
+        self._staged.clear()
+
+    # ------------------------------------------------------------------ control
+    def hello(self, expected: int, timeout_s: float, agent_job_alive: Callable[[], bool]) -> Dict[int, dict]:
+        """Wait until ``expected`` distinct agents answer (they may still be loading their data)."""
+        seen: Dict[int, dict] = {}
+        deadline = time.time() + timeout_s
+        attempt = 0
+        while len(seen) < expected:
+            if time.time() > deadline:
+                raise RunFailedError(f"only {len(seen)} of {expected} agents came up within {timeout_s:.0f}s "
+                                     f"(agents seen: {sorted(seen)}); check executor logs")
+            if not agent_job_alive():
+                raise RunFailedError("the agent job ended before all agents came up (see the error above)")
+            plan = self._plan(f"hello{attempt}", "hello")
+            res = self.run_job(plan, expected, None, f"mpca: waiting for agents (attempt {attempt})")
+            for a, e in res["agents"].items():
+                if e.get("error"):
+                    raise RunFailedError(f"agent {a} failed: {e['error']}")
+                seen[a] = e
+            attempt += 1
+        self.agents = sorted(seen)
+        return seen
+
+    def stop_agents(self) -> Dict[int, dict]:
+        stopped: Dict[int, dict] = {}
+        for attempt in range(MAX_CORRECTIONS + 1):
+            left = [a for a in self.agents if a not in stopped]
+            if not left:
+                break
+            try:
+                res = self.run_job(self._plan(f"stop{attempt}", "stop"), len(left), None, "mpca: stopping agents")
+            except Exception as e:  # noqa: BLE001 - best effort; the agent job is cancelled afterwards
+                log.warning("stopping agents failed: %s", e)
+                break
+            stopped.update(res["agents"])
+        self._pool.shutdown(wait=False)
+        return stopped

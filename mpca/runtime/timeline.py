@@ -1,0 +1,83 @@
+"""The driver's per-cycle record: when each phase of each shard started and ended, and what agents did.
+
+Phases of cycle ``c`` (one Spark job):
+
+* ``stage``  — driver: Eqs. 9 → 8 → 4 → 5 for the shard reduced in the previous
+  cycle and creation of its broadcast variable (runs while job ``c`` runs);
+* ``broadcast`` — from the job's submission until the last agent received the
+  broadcast shard and had it handed over;
+* ``reduce`` — from the first agent's shard materialisation until the reduced
+  result reached the driver.
+
+Overlap between phases is computed from these timestamps, not assumed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+
+@dataclass
+class CycleRecord:
+    cycle: int
+    reduce_shard: Optional[int]
+    bcast_shard: Optional[int]
+    t_submit: float
+    t_end: float = 0.0
+    stage_shard: Optional[int] = None
+    stage_start: Optional[float] = None
+    stage_end: Optional[float] = None
+    bcast_end: Optional[float] = None
+    reduce_start: Optional[float] = None
+    corrections: int = 0
+    misplaced: int = 0
+    missing: List[int] = field(default_factory=list)
+    agents: Dict[int, dict] = field(default_factory=dict)
+
+    @property
+    def broadcast_interval(self):
+        return (self.t_submit, self.bcast_end) if self.bcast_end is not None else None
+
+    @property
+    def reduce_interval(self):
+        return (self.reduce_start, self.t_end) if self.reduce_start is not None else None
+
+    def broadcast_overlaps_reduce(self) -> bool:
+        b, r = self.broadcast_interval, self.reduce_interval
+        return bool(b and r and b[0] < r[1] and r[0] < b[1])
+
+    def stage_overlaps_job(self) -> bool:
+        return self.stage_start is not None and self.stage_start < self.t_end and self.t_submit < self.stage_end
+
+
+class Timeline:
+    def __init__(self):
+        self.cycles: List[CycleRecord] = []
+
+    def add(self, rec: CycleRecord) -> None:
+        self.cycles.append(rec)
+
+    def overlap_fraction(self, skip: int = 3) -> float:
+        """Fraction of cycles (after ``skip`` warm-up cycles) whose broadcast and reduction overlapped."""
+        rows = [c for c in self.cycles[skip:] if c.bcast_shard is not None and c.reduce_shard is not None]
+        return sum(c.broadcast_overlaps_reduce() for c in rows) / len(rows) if rows else 0.0
+
+    def rows(self) -> List[dict]:
+        out = []
+        for c in self.cycles:
+            taus = {a: e.get("tau") for a, e in sorted(c.agents.items())}
+            rates = {a: e.get("steps_per_s") for a, e in sorted(c.agents.items())}
+            out.append({
+                "cycle": c.cycle, "reduce_shard": c.reduce_shard, "bcast_shard": c.bcast_shard,
+                "stage_shard": c.stage_shard, "t_submit": c.t_submit, "t_end": c.t_end,
+                "stage_start": c.stage_start, "stage_end": c.stage_end, "bcast_end": c.bcast_end,
+                "reduce_start": c.reduce_start, "overlap": c.broadcast_overlaps_reduce(),
+                "corrections": c.corrections, "misplaced": c.misplaced, "missing": list(c.missing),
+                "tau": taus, "steps_per_s": rates,
+            })
+        return out
+
+    def to_pandas(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
