@@ -147,7 +147,8 @@ class Trainer:
         job = AgentJob(sc, run_id)
         job.start(train_df, self.agents, spec, self.features, self.label, profile)
         timeline = Timeline()
-        pipe = ExchangePipeline(sc, run_id, secret, joint, self.hyper, range(self.agents), layout.wire_dtype, timeline)
+        pipe = ExchangePipeline(sc, run_id, secret, joint, self.hyper, range(self.agents), layout.wire_dtype, timeline,
+                               executors=shape.executors)
         history: List[dict] = []
         t0 = time.time()
         cycles_done, stop_reason = 0, "max_cycles"
@@ -195,7 +196,9 @@ class Trainer:
         import pandas as pd
 
         summaries = job.summaries or list(stopped.values())
-        return FitResult(model.cpu(), pd.DataFrame(history), timeline, summaries, cycles_done, wall, stop_reason, final)
+        return FitResult(model.cpu(), pd.DataFrame(history), timeline, summaries, cycles_done, wall, stop_reason, final,
+                         extra={"run_id": run_id, "jobs": dict(pipe.jobs), "job_group": pipe.job_group,
+                                "layout": layout.describe()})
 
 
 class _BackgroundEval:

@@ -26,7 +26,7 @@ from mpca.runtime.timeline import CycleRecord, Timeline
 
 log = logging.getLogger("mpca.pipeline")
 
-MAX_CORRECTIONS = 3
+MAX_CORRECTIONS = 5
 
 
 @dataclass
@@ -40,7 +40,7 @@ class ExchangePipeline:
 
     def __init__(self, sc, run_id: str, secret: bytes, joint: Sequence[JointShard], hyper: MPCAHyper,
                  agents: Sequence[int], wire_dtype: torch.dtype, timeline: Optional[Timeline] = None,
-                 task_timeout_s: float = 120.0):
+                 task_timeout_s: float = 120.0, executors: int = 1):
         self.sc = sc
         self.run_id = run_id
         self.secret = secret
@@ -50,26 +50,30 @@ class ExchangePipeline:
         self.wire = np.dtype(str(wire_dtype).replace("torch.", ""))
         self.timeline = timeline or Timeline()
         self.task_timeout_s = task_timeout_s
+        self.executors = max(1, executors)  # corrective jobs over-provision: 2 tasks per executor and missing agent
         self.S = len(self.joint)
         self.lag = 2 if self.S >= 3 else 1
         self._staged: Dict[int, _Staged] = {}
         self._pending = None  # (cycle, shard, record) reduced but not yet staged
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpca-exchange")
         self.last_agent_reports: Dict[int, dict] = {}
+        self.jobs = {"cycle": 0, "correction": 0, "control": 0}  # Spark jobs submitted, by purpose
+        self.job_group = f"mpca-{run_id}-exchange"
 
     # ------------------------------------------------------------------ jobs
     def _plan(self, token: str, op: str, **kw) -> ExchangePlan:
         return ExchangePlan(self.run_id, self.secret, token, op, wire_dtype=self.wire.name,
                             timeout_s=self.task_timeout_s, **kw)
 
-    def run_job(self, plan: ExchangePlan, tasks: int, bc, description: str) -> dict:
-        self.sc.setJobGroup(f"mpca-{self.run_id}-exchange", description, interruptOnCancel=True)
+    def run_job(self, plan: ExchangePlan, tasks: int, bc, description: str, purpose: str = "control") -> dict:
+        self.jobs[purpose] += 1
+        self.sc.setJobGroup(self.job_group, description, interruptOnCancel=True)
         rdd = self.sc.parallelize(range(tasks), tasks)
         return rdd.mapPartitions(functools.partial(exchange_partition, plan, bc)).treeReduce(merge_records, depth=2)
 
     def _job_with_corrections(self, plan: ExchangePlan, bc, description: str, rec: CycleRecord) -> dict:
         """Run the job; if tasks landed where no unclaimed agent was, rerun for the missing agents."""
-        result = self.run_job(plan, len(self.agents), bc, description)
+        result = self.run_job(plan, len(self.agents), bc, description, "cycle")
         rec.misplaced += len(result["misplaced"])
         for attempt in range(MAX_CORRECTIONS):
             missing = [a for a in self.agents if a not in result["agents"]]
@@ -77,7 +81,8 @@ class ExchangePipeline:
                 break
             rec.corrections += 1
             log.info("cycle %s: %d task(s) misplaced, correcting for agents %s", plan.token, len(result["misplaced"]), missing)
-            more = self.run_job(plan, len(missing), bc, f"{description} (correction {attempt + 1}: agents {missing})")
+            more = self.run_job(plan, 2 * len(missing) * self.executors, bc,
+                                f"{description} (correction {attempt + 1}: agents {missing})", "correction")
             rec.misplaced += len(more["misplaced"])
             result = merge_records({**result, "misplaced": []}, more)
         if result["duplicates"]:
@@ -153,7 +158,8 @@ class ExchangePipeline:
             if not agent_job_alive():
                 raise RunFailedError("the agent job ended before all agents came up (see the error above)")
             plan = self._plan(f"hello{attempt}", "hello")
-            res = self.run_job(plan, expected, None, f"mpca: waiting for agents (attempt {attempt})")
+            tasks = expected if attempt == 0 else expected * self.executors
+            res = self.run_job(plan, tasks, None, f"mpca: waiting for agents (attempt {attempt})")
             for a, e in res["agents"].items():
                 if e.get("error"):
                     raise RunFailedError(f"agent {a} failed: {e['error']}")
@@ -169,7 +175,8 @@ class ExchangePipeline:
             if not left:
                 break
             try:
-                res = self.run_job(self._plan(f"stop{attempt}", "stop"), len(left), None, "mpca: stopping agents")
+                tasks = len(left) * (1 if attempt == 0 else self.executors)
+                res = self.run_job(self._plan(f"stop{attempt}", "stop"), tasks, None, "mpca: stopping agents")
             except Exception as e:  # noqa: BLE001 - best effort; the agent job is cancelled afterwards
                 log.warning("stopping agents failed: %s", e)
                 break

@@ -1,0 +1,72 @@
+"""Shared fixtures.  Integration tests share one real local-cluster Spark session per cluster shape.
+
+A test asks for a shape with ``@pytest.mark.cluster(executors=3, cores=2, fake_gpus=0)``; tests are
+ordered so that each shape's session starts once, and every session is stopped at the end.
+"""
+import os
+import sys
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+DEFAULT_SHAPE = (2, 2, 0)
+_state = {"shape": None, "spark": None}
+
+
+def _shape(item):
+    m = item.get_closest_marker("cluster")
+    if m is None:
+        return DEFAULT_SHAPE if "spark" in getattr(item, "fixturenames", ()) else None
+    kw = m.kwargs
+    return (kw.get("executors", 2), kw.get("cores", 2), kw.get("fake_gpus", 0))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cluster(executors, cores, fake_gpus): local-cluster shape the test needs")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    # unit tests first, then integration tests grouped by cluster shape (default shape first)
+    def key(item):
+        s = _shape(item)
+        return (0,) if s is None else (1, s != DEFAULT_SHAPE, s)
+
+    items.sort(key=key)
+
+
+def _session_for(shape):
+    from mpca.runtime.cluster import local_session
+
+    if _state["shape"] != shape:
+        if _state["spark"] is not None:
+            _state["spark"].stop()
+        executors, cores, gpus = shape
+        _state["spark"] = local_session(executors, cores, 1024, app_name=f"mpca-tests-{executors}x{cores}g{gpus}",
+                                        fake_gpus_per_executor=gpus)
+        _state["spark"].sparkContext.setLogLevel("ERROR")
+        _state["shape"] = shape
+    return _state["spark"]
+
+
+@pytest.fixture(scope="session")
+def _spark_sessions():
+    yield _session_for
+    if _state["spark"] is not None:
+        _state["spark"].stop()
+        _state["spark"] = None
+
+
+@pytest.fixture
+def spark(request, _spark_sessions):
+    return _spark_sessions(_shape(request.node) or DEFAULT_SHAPE)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ship_test_helpers_by_value():
+    """Executors cannot import tests/: ship the helper module's functions by value."""
+    from pyspark import cloudpickle
+
+    from tests import helpers
+
+    cloudpickle.register_pickle_by_value(helpers)
+    yield

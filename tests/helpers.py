@@ -1,0 +1,54 @@
+"""Models and functions used by integration tests (shipped to executors by value)."""
+import torch
+from torch import nn
+
+from mpca.models import SmallCNN
+
+
+def small_cnn():
+    return SmallCNN(8)
+
+
+def adam(params):
+    return torch.optim.Adam(params, lr=1e-3)
+
+
+def cross_entropy(out, y):
+    return nn.functional.cross_entropy(out, y)
+
+
+class FixedPoint(nn.Module):
+    """w is pulled to an agent-specific fixed point by one SGD(lr=1) step: w ← w - (w - t_i) = t_i.
+
+    On agent i (Spark partition i) t_i = (i + 1) · [0, 1, ..., d-1]; on the driver t = 0.  Whatever the
+    elastic pull did before the step, the agent's shard is t_i at every yield, so the driver's joint model
+    after N cycles follows from the recorded τ alone.
+    """
+
+    def __init__(self, d: int = 30):
+        super().__init__()
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        agent = tc.partitionId() if tc is not None else -1
+        self.w = nn.Parameter(torch.zeros(d, dtype=torch.float64))
+        self.fixed = agent_target(agent, d)
+
+    def forward(self, x):
+        return (self.w - self.fixed).expand(x.shape[0], -1)
+
+
+def agent_target(agent: int, d: int = 30) -> torch.Tensor:
+    return torch.arange(d, dtype=torch.float64) * (agent + 1)
+
+
+def fixed_point_model():
+    return FixedPoint()
+
+
+def half_squared_norm(out, y):
+    return 0.5 * (out ** 2).sum(dim=1).mean()
+
+
+def sgd_one(params):
+    return torch.optim.SGD(params, lr=1.0)

@@ -1,0 +1,35 @@
+"""Agent placement: misplaced exchange tasks are detected and corrected; fake GPUs bind distinct devices."""
+import pytest
+
+from mpca.data.datasets import dataset_dataframe
+from mpca.trainer import Trainer
+from tests import helpers
+
+
+@pytest.mark.cluster(executors=3, cores=2)
+def test_misplaced_exchange_tasks_are_corrected(spark):
+    """Two agents on three executors: exchange tasks often land on the agent-less executor."""
+    df = dataset_dataframe(spark, "digits")
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+                  max_cycles=12, eval_every_cycles=100, spark=spark).fit(df)
+    cycles = fit.timeline.cycles
+    assert sum(c.misplaced for c in cycles) > 0, "expected some tasks on the executor without an agent"
+    assert any(c.corrections for c in cycles)
+    for c in cycles:  # exactly once: never twice (merge would raise), never silently missing
+        assert sorted(c.agents) == [0, 1] and c.missing == []
+    executors = {s["executor"] for s in fit.agents}
+    assert len(executors) == 2
+
+
+@pytest.mark.cluster(executors=2, cores=2, fake_gpus=1)
+def test_fake_gpus_give_distinct_devices_to_distinct_agents(spark):
+    import torch
+
+    df = dataset_dataframe(spark, "digits")
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+                  max_cycles=4, eval_every_cycles=100, spark=spark).fit(df)
+    gpus = sorted(tuple(s["gpu"]) for s in fit.agents)
+    assert gpus == [("0",), ("1",)], fit.agents
+    for s in fit.agents:
+        expected = f"cuda:{s['gpu'][0]}" if torch.cuda.is_available() else "cpu"
+        assert s["device"] == expected

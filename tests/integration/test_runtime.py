@@ -1,0 +1,102 @@
+"""The MPCA runtime on a real local-cluster: real agents, real Spark jobs, real data."""
+import numpy as np
+import pytest
+import torch
+
+from mpca.algorithm import AlphaSchedule, BetaSchedule, GammaSchedule, JointShard, MPCAHyper, ShardLayout, WeightedSum
+from mpca.data.datasets import dataset_dataframe, to_dataframe
+from mpca.errors import ClusterTooSmallError
+from mpca.trainer import Trainer
+from tests import helpers
+from tests.conftest import DEFAULT_SHAPE
+
+pytestmark = pytest.mark.cluster()
+
+
+@pytest.fixture(scope="module")
+def digits_fit(_spark_sessions):
+    spark = _spark_sessions(DEFAULT_SHAPE)
+    df = dataset_dataframe(spark, "digits")
+    trainer = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+                      max_cycles=30, eval_every_cycles=10, spark=spark, seed=1)
+    return spark, trainer.fit(df)
+
+
+def test_digits_holdout_error_far_below_chance(digits_fit):
+    _, fit = digits_fit
+    assert fit.cycles == 30 and fit.stop_reason == "max_cycles"
+    assert fit.final.error < 0.15, fit.history  # chance is 0.9
+    errors = fit.history["holdout_error"].tolist()
+    assert errors[-1] < errors[0]
+
+
+def test_one_spark_job_per_cycle(digits_fit):
+    spark, fit = digits_fit
+    jobs = fit.extra["jobs"]
+    assert jobs["cycle"] == fit.cycles
+    group_jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(fit.extra["job_group"])
+    assert len(group_jobs) == jobs["cycle"] + jobs["correction"] + jobs["control"]
+
+
+def test_broadcast_and_reduce_of_different_shards_overlap(digits_fit):
+    _, fit = digits_fit
+    tl = fit.timeline
+    steady = tl.cycles[3:]
+    assert all(c.reduce_shard != c.bcast_shard != c.stage_shard != c.reduce_shard for c in steady)
+    assert tl.overlap_fraction(skip=3) >= 0.5, tl.to_pandas()[["cycle", "t_submit", "bcast_end", "reduce_start", "t_end"]]
+    # the staging of a third shard ran while the job was in flight
+    assert sum(c.stage_overlaps_job() for c in steady) >= 0.8 * len(steady)
+
+
+def test_every_agent_contributes_once_per_cycle_with_measured_tau(digits_fit):
+    _, fit = digits_fit
+    for c in fit.timeline.cycles:
+        assert sorted(c.agents) == [0, 1] and not c.missing
+        assert all(e["tau"] >= 0 for e in c.agents.values())
+    total_tau = {a: sum(c.agents[a]["tau"] for c in fit.timeline.cycles if c.reduce_shard == 0) for a in (0, 1)}
+    steps = {s["agent"]: s["steps"] for s in fit.agents}
+    for a in (0, 1):
+        assert 0 < total_tau[a] <= steps[a]
+
+
+def _replay(timeline, hyper, layout, agents):
+    """What the core's rules predict for the driver's joint model, from the recorded τ."""
+    targets = {a: helpers.agent_target(a) for a in agents}
+    bounds = []
+    off = 0
+    for s in range(layout.num_shards):
+        n = layout.shard_numel(s)
+        bounds.append((off, off + n))
+        off += n
+    shards = [JointShard(torch.zeros(hi - lo, dtype=torch.float64)) for lo, hi in bounds]
+    for c in timeline.cycles:
+        lo, hi = bounds[c.reduce_shard]
+        partial = WeightedSum(None, 0.0)
+        for a, e in c.agents.items():
+            partial = partial.combine(WeightedSum.of(targets[a][lo:hi], e["tau"]))
+        shards[c.reduce_shard].update(partial, hyper.beta(c.cycle), hyper.gamma(c.cycle), hyper.delta)
+    return torch.cat([s.joint for s in shards])
+
+
+def test_deterministic_joint_model_matches_core_rules(spark):
+    hyper = MPCAHyper(alpha=AlphaSchedule(hold_cycles=1, peak=0.5, decay_cycles=3, target=0.2),
+                      beta=BetaSchedule(1.0, 0.5, 4), gamma=GammaSchedule(0.0, 0.5, 3), delta=0.8)
+    rng = np.random.default_rng(0)
+    df = to_dataframe(spark, rng.normal(size=(64, 1)).astype(np.float32), np.zeros(64, dtype=np.int64), 2)
+    fit = Trainer(helpers.fixed_point_model, helpers.half_squared_norm, helpers.sgd_one, agents=2, shards=3,
+                  hyper=hyper, input_shape=(1,), batch_size=8, holdout=0.0, max_cycles=12, eval_every_cycles=100,
+                  spark=spark).fit(df)
+    layout = ShardLayout.from_module(helpers.fixed_point_model(), 3)
+    expected = _replay(fit.timeline, hyper, layout, [0, 1])
+    taus = [[e["tau"] for e in c.agents.values()] for c in fit.timeline.cycles]
+    assert all(sum(t) > 0 for t in taus[1:])
+    assert torch.allclose(fit.model.w.detach(), expected, rtol=0, atol=1e-9), (fit.model.w, expected)
+    # and the agents really pulled: α > 0 was delivered with the broadcasts after the hold
+    assert fit.model.w.abs().sum() > 0
+
+
+def test_too_many_agents_fail_fast(spark):
+    df = dataset_dataframe(spark, "digits")
+    with pytest.raises(ClusterTooSmallError, match="cluster too small"):
+        Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=3, input_shape=(1, 8, 8),
+                max_cycles=1, spark=spark, executor_wait_s=1).fit(df)

@@ -1,0 +1,51 @@
+"""Runtime pieces that need no Spark: record merging, capacity checks, session kind."""
+import numpy as np
+import pytest
+
+from mpca.algorithm import WeightedSum
+from mpca.errors import ClusterTooSmallError, UserError
+from mpca.runtime.cluster import ClusterShape, check_capacity, require_classic
+from mpca.runtime.exchange import empty_record, merge_records
+from mpca.runtime.timeline import CycleRecord, Timeline
+
+
+def _rec(agent, x, tau):
+    r = empty_record()
+    r["partial"] = WeightedSum.of(np.array(x, dtype=np.float32), tau)
+    r["agents"][agent] = {"tau": tau}
+    return r
+
+
+def test_merge_is_eq9_partial_and_flags_duplicates():
+    m = merge_records(merge_records(_rec(0, [1, 2], 1), _rec(1, [5, 6], 3)), empty_record())
+    assert m["partial"].weight == 4
+    np.testing.assert_allclose(m["partial"].total / m["partial"].weight, [4, 5])
+    assert sorted(m["agents"]) == [0, 1] and m["duplicates"] == []
+    assert merge_records(m, _rec(1, [0, 0], 1))["duplicates"] == [1]
+
+
+def test_capacity_rule_two_cores_per_agent():
+    check_capacity(ClusterShape(2, 2, 0, 1), 2, use_gpus=False)
+    with pytest.raises(ClusterTooSmallError, match="lower 'agents' to 2"):
+        check_capacity(ClusterShape(2, 2, 0, 1), 3, use_gpus=False)
+    with pytest.raises(ClusterTooSmallError):
+        check_capacity(ClusterShape(4, 1, 0, 1), 1, use_gpus=False)  # no core left for exchange tasks
+    check_capacity(ClusterShape(1, 8, 4, 0), 4, use_gpus=True)
+    with pytest.raises(ClusterTooSmallError):
+        check_capacity(ClusterShape(1, 6, 4, 0), 4, use_gpus=True)  # 4 GPUs but cores for 3 agents
+
+
+def test_spark_connect_is_refused():
+    Connect = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})
+    with pytest.raises(UserError, match="Spark Connect"):
+        require_classic(Connect())
+
+
+def test_overlap_is_computed_from_timestamps():
+    tl = Timeline()
+    a = CycleRecord(0, 0, 1, t_submit=0.0, t_end=2.0, bcast_end=1.5, reduce_start=1.0)
+    b = CycleRecord(1, 1, 2, t_submit=3.0, t_end=5.0, bcast_end=3.5, reduce_start=4.0)
+    tl.add(a)
+    tl.add(b)
+    assert a.broadcast_overlaps_reduce() and not b.broadcast_overlaps_reduce()
+    assert tl.overlap_fraction(skip=0) == 0.5
