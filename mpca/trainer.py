@@ -7,25 +7,18 @@ only capture picklable values).
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
-import numpy as np
 import torch
 
-from mpca.algorithm import JointShard, MPCAHyper, ShardLayout
+from mpca.algorithm import MPCAHyper
 from mpca.algorithm.sharding import BUFFER_MODES
-from mpca.errors import RunFailedError, UserError
+from mpca.errors import UserError
 from mpca.evaluation import EvalResult, evaluate
-from mpca.runtime import cluster
-from mpca.runtime.agent import AgentSpec, model_state
-from mpca.runtime.agent_job import AgentJob
-from mpca.runtime.pipeline import ExchangePipeline
+from mpca.runtime.run import AgentRun
 from mpca.runtime.timeline import Timeline
 
 log = logging.getLogger("mpca.trainer")
@@ -122,72 +115,45 @@ class Trainer:
     # ------------------------------------------------------------------ fit
     def fit(self, df) -> FitResult:
         spark = self._session()
-        cluster.require_classic(spark)
-        sc = spark.sparkContext
-        shape = cluster.inspect_cluster(sc, self.agents, self.executor_wait_s)
-        use_gpus = self.use_gpus if self.use_gpus is not None else shape.gpus_per_executor > 0
-        if use_gpus and shape.gpus_per_executor == 0:
-            raise UserError("use_gpus=True but the executors have no GPUs (spark.executor.resource.gpu.amount)")
-        cluster.check_capacity(shape, self.agents, use_gpus)
-
         torch.manual_seed(self.seed)
         model = self.model_fn()
-        layout = ShardLayout.from_module(model, self.shards, self.buffers)
-        bound = layout.bind_module(model, self.buffers)
-        joint = [JointShard(bound.read(s)) for s in range(self.shards)]
         train_df, hx, hy = self._split(df)
-
-        run_id = uuid.uuid4().hex[:10]
-        secret = secrets.token_bytes(32)
-        spec = AgentSpec(run_id=run_id, secret=secret, model_fn=self.model_fn, loss_fn=self.loss_fn,
-                         optimizer_fn=self.optimizer_fn, layout=layout, init_state=model_state(model),
-                         buffers=self.buffers, batch_size=self.batch_size, input_shape=self.input_shape,
-                         seed=self.seed)
-        profile = cluster.agent_resource_profile(use_gpus, pinned=shape.agent_slots_per_executor > 0)
-        job = AgentJob(sc, run_id)
-        job.start(train_df, self.agents, spec, self.features, self.label, profile)
-        timeline = Timeline()
-        pipe = ExchangePipeline(sc, run_id, secret, joint, self.hyper, range(self.agents), layout.wire_dtype, timeline,
-                               executors=shape.executors)
+        run = AgentRun(spark, train_df, model=model, model_fn=self.model_fn, loss_fn=self.loss_fn,
+                       optimizer_fn=self.optimizer_fn, agents=self.agents, shards=self.shards, hyper=self.hyper,
+                       buffers=self.buffers, batch_size=self.batch_size, input_shape=self.input_shape,
+                       features=self.features, label=self.label, use_gpus=self.use_gpus, seed=self.seed,
+                       executor_wait_s=self.executor_wait_s, agent_start_timeout_s=self.agent_start_timeout_s)
         history: List[dict] = []
         t0 = time.time()
         cycles_done, stop_reason = 0, "max_cycles"
-        evaluator = _BackgroundEval(model, bound, self.buffers, hx, hy, self.loss_fn)
+        evaluator = _BackgroundEval(model, run.bound, self.buffers, hx, hy, self.loss_fn)
         try:
-            pipe.hello(self.agents, self.agent_start_timeout_s, job.alive)
-            log.info("%d agents up after %.1fs", self.agents, time.time() - t0)
-            c = 0
-            while True:
-                rec = pipe.cycle(c)
-                cycles_done = c + 1
-                if c % self.eval_every_cycles == self.eval_every_cycles - 1:
-                    evaluator.submit([j.joint for j in pipe.joint], c, time.time() - t0, rec)
-                for row in evaluator.drain():
-                    history.append(row)
-                    if self.on_cycle:
-                        self.on_cycle(row)
-                    if self.target_error is not None and row["holdout_error"] <= self.target_error:
-                        stop_reason = "target_error"
-                if stop_reason == "target_error":
-                    break
-                if self.max_cycles is not None and cycles_done >= self.max_cycles:
-                    stop_reason = "max_cycles"
-                    break
-                if self.max_seconds is not None and time.time() - t0 >= self.max_seconds:
-                    stop_reason = "max_seconds"
-                    break
-                if not job.alive():
-                    raise RunFailedError(f"the agent job ended unexpectedly: {job.error or job.summaries}")
-                c += 1
-            pipe.flush()
+            with run:
+                c = 0
+                while True:
+                    rec = run.cycle(c)
+                    cycles_done = c + 1
+                    if c % self.eval_every_cycles == self.eval_every_cycles - 1:
+                        evaluator.submit(run.joint_vectors(), c, time.time() - t0, rec)
+                    for row in evaluator.drain():
+                        history.append(row)
+                        if self.on_cycle:
+                            self.on_cycle(row)
+                        if self.target_error is not None and row["holdout_error"] <= self.target_error:
+                            stop_reason = "target_error"
+                    if stop_reason == "target_error":
+                        break
+                    if self.max_cycles is not None and cycles_done >= self.max_cycles:
+                        stop_reason = "max_cycles"
+                        break
+                    if self.max_seconds is not None and time.time() - t0 >= self.max_seconds:
+                        stop_reason = "max_seconds"
+                        break
+                    c += 1
         finally:
-            stopped = pipe.stop_agents()
-            if not job.join(30):
-                job.cancel()
-                job.join(10)
             evaluator.close()
-        for s in range(self.shards):
-            bound.write(s, pipe.joint[s].joint)
+        for s, vec in enumerate(run.joint_vectors()):
+            run.bound.write(s, vec)
         final = evaluate(model, hx, hy, self.loss_fn)
         wall = time.time() - t0
         history.append({"wall_s": wall, "cycle": cycles_done, "holdout_error": final.error, "holdout_loss": final.loss,
@@ -195,10 +161,11 @@ class Trainer:
                         "tau": {}, "agent_samples_per_s": {}})
         import pandas as pd
 
-        summaries = job.summaries or list(stopped.values())
-        return FitResult(model.cpu(), pd.DataFrame(history), timeline, summaries, cycles_done, wall, stop_reason, final,
-                         extra={"run_id": run_id, "jobs": dict(pipe.jobs), "job_group": pipe.job_group,
-                                "layout": layout.describe()})
+        pipe = run.pipeline
+        return FitResult(model.cpu(), pd.DataFrame(history), run.timeline, run.summaries, cycles_done, wall,
+                         stop_reason, final,
+                         extra={"run_id": run.run_id, "jobs": dict(pipe.jobs), "job_group": pipe.job_group,
+                                "layout": run.layout.describe()})
 
 
 class _BackgroundEval:

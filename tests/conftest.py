@@ -4,7 +4,6 @@ A test asks for a shape with ``@pytest.mark.cluster(executors=3, cores=2, fake_g
 ordered so that each shape's session starts once, and every session is stopped at the end.
 """
 import os
-import sys
 
 import pytest
 

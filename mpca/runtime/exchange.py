@@ -106,7 +106,8 @@ def exchange_partition(plan: ExchangePlan, bcast, _rows: Iterator) -> Iterator[D
         return
     agent = int(info["agent"])
     entry: Dict[str, Any] = {"executor": info.get("executor"), "t_start": t_start, "error": info.get("error"),
-                             "device": info.get("device"), "gpu": info.get("gpu"), "rows": info.get("rows")}
+                             "device": info.get("device"), "gpu": info.get("gpu"), "rows": info.get("rows"),
+                             "steps": info.get("steps"), "samples": info.get("samples")}
     try:
         bg = None
         if plan.op == "cycle" and plan.bcast_shard is not None and bcast is not None:
