@@ -64,3 +64,46 @@ class CifarResNet(nn.Module):
 
 def resnet110(num_classes: int = 10) -> CifarResNet:
     return CifarResNet(18, num_classes)
+
+
+class MLP(nn.Module):
+    """A plain MLP on flattened inputs (``hidden`` layer widths)."""
+
+    def __init__(self, in_features: int = 64, hidden: tuple = (256, 256), num_classes: int = 10):
+        super().__init__()
+        layers, prev = [nn.Flatten()], in_features
+        for h in hidden:
+            layers += [nn.Linear(prev, h), nn.ReLU()]
+            prev = h
+        layers.append(nn.Linear(prev, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+MODELS = {"small_cnn": SmallCNN, "resnet": CifarResNet, "mlp": MLP}
+
+
+def build_model(name: str, args: dict) -> nn.Module:
+    """A model by registry name or ``package.module:function`` (importable on the executors too)."""
+    if ":" in name:
+        import importlib
+
+        mod, _, fn = name.partition(":")
+        return getattr(importlib.import_module(mod), fn)(**args)
+    return MODELS[name](**args)
+
+
+def check_model_name(name: str, args: dict) -> None:
+    """Build the model once on the driver so that a bad name or argument fails before Spark starts."""
+    from mpca.errors import UserError
+
+    if ":" not in name and name not in MODELS:
+        raise UserError(f"model.name {name!r} is unknown; use one of {sorted(MODELS)} or 'package.module:function'")
+    try:
+        build_model(name, args)
+    except (ImportError, AttributeError) as e:
+        raise UserError(f"model.name {name!r} cannot be imported: {e}") from None
+    except TypeError as e:
+        raise UserError(f"model.args do not fit model {name!r}: {e}") from None

@@ -22,11 +22,14 @@ def _shape(item):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cluster(executors, cores, fake_gpus): local-cluster shape the test needs")
+    config.addinivalue_line("markers", "standalone: starts its own Spark in a subprocess (the shared one is stopped)")
 
 
 def pytest_collection_modifyitems(session, config, items):
     # unit tests first, then integration tests grouped by cluster shape (default shape first)
     def key(item):
+        if item.get_closest_marker("standalone"):
+            return (2,)
         s = _shape(item)
         return (0,) if s is None else (1, s != DEFAULT_SHAPE, s)
 
@@ -69,3 +72,12 @@ def _ship_test_helpers_by_value():
 
     cloudpickle.register_pickle_by_value(helpers)
     yield
+
+
+@pytest.fixture
+def no_shared_spark(_spark_sessions):
+    """Stop the shared session: the test starts Spark in its own process (2 cores cannot host both)."""
+    if _state["spark"] is not None:
+        _state["spark"].stop()
+        _state["spark"] = None
+        _state["shape"] = None

@@ -40,6 +40,7 @@ class ExchangePlan:
     alpha: float = 0.0
     wire_dtype: str = "float32"
     timeout_s: float = 120.0
+    wait_for_agent_s: float = 0.0  # how long to wait for an agent socket to appear (agents still starting)
 
 
 def empty_record() -> Dict[str, Any]:
@@ -60,7 +61,7 @@ def merge_records(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
 
 def _claim(plan: ExchangePlan):
     """Connect to an agent of this executor that has not answered ``plan.token`` yet."""
-    deadline = time.time() + 10.0
+    deadline = time.time() + plan.wait_for_agent_s
     while True:
         sockets = placement.agent_sockets_here(plan.run_id)
         for path in sockets:
@@ -72,9 +73,9 @@ def _claim(plan: ExchangePlan):
             if header.get("ok"):
                 return ch, header, path
             ch.close()
-        if sockets or time.time() > deadline or plan.op != "hello":
+        if sockets or time.time() > deadline:
             return None, None, None
-        time.sleep(0.2)  # hello: the agent may still be loading its data
+        time.sleep(0.2)  # the agent may still be loading its data
 
 
 def _deliver(plan: ExchangePlan, path: str, bcast, entry: Dict[str, Any]) -> None:

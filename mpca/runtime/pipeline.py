@@ -157,7 +157,7 @@ class ExchangePipeline:
                                      f"(agents seen: {sorted(seen)}); check executor logs")
             if not agent_job_alive():
                 raise RunFailedError("the agent job ended before all agents came up (see the error above)")
-            plan = self._plan(f"hello{attempt}", "hello")
+            plan = self._plan(f"hello{attempt}", "hello", wait_for_agent_s=10.0)
             tasks = expected if attempt == 0 else expected * self.executors
             res = self.run_job(plan, tasks, None, f"mpca: waiting for agents (attempt {attempt})")
             for a, e in res["agents"].items():

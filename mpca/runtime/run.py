@@ -55,12 +55,13 @@ class AgentRun:
         self._train_df, self._features, self._label = train_df, features, label
         self.agent_start_timeout_s = agent_start_timeout_s
         self.stopped: Dict[int, dict] = {}
+        self.agent_info: Dict[int, dict] = {}
 
     def __enter__(self) -> "AgentRun":
         t0 = time.time()
         self.job.start(self._train_df, self.agents, self.spec, self._features, self._label, self.profile)
         try:
-            self.pipeline.hello(self.agents, self.agent_start_timeout_s, self.job.alive)
+            self.agent_info = self.pipeline.hello(self.agents, self.agent_start_timeout_s, self.job.alive)
         except BaseException:
             self.__exit__(None, None, None)
             raise

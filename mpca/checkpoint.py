@@ -1,0 +1,197 @@
+"""Checkpoints of the joint model and the driver's state (the paper's DumpModel, §5.3).
+
+A checkpoint is two files in the checkpoint directory (a local path or a
+filesystem URI — ``file://``, ``hdfs://``, ``s3://`` … through pyarrow):
+
+* ``ckpt-<cycle>.pt``: ``torch.save`` of tensors and plain values only (joint
+  shards x̃, trajectories ṽ, reduction counts, the next cycle, the driver's
+  model ``state_dict``), loaded back with ``weights_only=True`` so nothing but
+  tensors is ever unpickled;
+* ``ckpt-<cycle>.json``: its manifest with the SHA-256 of the data file.
+
+Both are written atomically (temporary name, fsync on local disks, rename);
+the manifest goes last, so a manifest always names a complete data file, and
+:func:`latest` returns the newest checkpoint whose checksum matches.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from mpca.errors import UserError
+
+FORMAT = 1
+_NAME = re.compile(r"ckpt-(\d+)\.json$")
+
+
+class _Store:
+    """A directory on the local disk or behind a pyarrow filesystem URI."""
+
+    def __init__(self, location: str):
+        self.location = location
+        if "://" in location:
+            import pyarrow.fs as pafs
+
+            try:
+                self.fs, self.root = pafs.FileSystem.from_uri(location)
+            except Exception as e:  # noqa: BLE001 - any failure here is a user-fixable location
+                raise UserError(f"checkpoint location {location!r} is not reachable: {e}") from None
+            self.local = False
+        else:
+            self.fs, self.root, self.local = None, location, True
+
+    def makedirs(self) -> None:
+        try:
+            if self.local:
+                os.makedirs(self.root, exist_ok=True)
+            else:
+                self.fs.create_dir(self.root, recursive=True)
+        except OSError as e:
+            raise UserError(f"cannot create checkpoint directory {self.location!r}: {e.strerror or e}") from None
+
+    def path(self, name: str) -> str:
+        return f"{self.root.rstrip('/')}/{name}"
+
+    def write_atomic(self, name: str, data: bytes) -> None:
+        final, tmp = self.path(name), self.path(f".{name}.tmp-{os.getpid()}")
+        if self.local:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            dfd = os.open(self.root, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        else:
+            with self.fs.open_output_stream(tmp) as f:
+                f.write(data)
+            self.fs.move(tmp, final)
+
+    def read(self, name: str) -> bytes:
+        if self.local:
+            with open(self.path(name), "rb") as f:
+                return f.read()
+        with self.fs.open_input_stream(self.path(name)) as f:
+            return f.read()
+
+    def list(self) -> List[str]:
+        if self.local:
+            return os.listdir(self.root) if os.path.isdir(self.root) else []
+        import pyarrow.fs as pafs
+
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        except OSError:
+            return []
+        return [os.path.basename(i.path) for i in infos]
+
+    def delete(self, name: str) -> None:
+        try:
+            if self.local:
+                os.remove(self.path(name))
+            else:
+                self.fs.delete_file(self.path(name))
+        except (FileNotFoundError, OSError):
+            pass
+
+
+@dataclass
+class Checkpoint:
+    cycle: int  # the next cycle to run
+    joint: List[torch.Tensor]
+    velocity: List[torch.Tensor]
+    reductions: List[int]
+    model_state: Dict[str, torch.Tensor]
+    layout: List[Tuple[str, int, str]]  # (name, numel, dtype) of the exchanged tensors
+    shards: int
+    wall_s: float
+    path: str = ""
+
+
+def save(location: str, ckpt: Checkpoint, keep: int = 3) -> str:
+    store = _Store(location)
+    store.makedirs()
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, "cycle": ckpt.cycle, "joint": ckpt.joint, "velocity": ckpt.velocity,
+                "reductions": ckpt.reductions, "model_state": ckpt.model_state,
+                "layout": [list(x) for x in ckpt.layout], "shards": ckpt.shards, "wall_s": ckpt.wall_s}, buf)
+    data = buf.getvalue()
+    name = f"ckpt-{ckpt.cycle:08d}"
+    store.write_atomic(f"{name}.pt", data)
+    manifest = {"format": FORMAT, "cycle": ckpt.cycle, "data": f"{name}.pt", "sha256": hashlib.sha256(data).hexdigest(),
+                "bytes": len(data), "written_at": time.time()}
+    store.write_atomic(f"{name}.json", json.dumps(manifest).encode())
+    # retention: keep the newest `keep` checkpoints
+    cycles = sorted(int(m.group(1)) for m in map(_NAME.match, store.list()) if m)
+    for old in cycles[:-keep]:
+        store.delete(f"ckpt-{old:08d}.json")
+        store.delete(f"ckpt-{old:08d}.pt")
+    return store.path(f"{name}.pt")
+
+
+def _load(store: _Store, manifest_name: str) -> Optional[Checkpoint]:
+    try:
+        manifest = json.loads(store.read(manifest_name))
+        data = store.read(manifest["data"])
+    except (OSError, ValueError, KeyError):
+        return None
+    if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+        return None
+    state = torch.load(io.BytesIO(data), weights_only=True)
+    return Checkpoint(cycle=int(state["cycle"]), joint=state["joint"], velocity=state["velocity"],
+                      reductions=[int(r) for r in state["reductions"]], model_state=state["model_state"],
+                      layout=[tuple(x) for x in state["layout"]], shards=int(state["shards"]),
+                      wall_s=float(state["wall_s"]), path=store.path(manifest["data"]))
+
+
+def latest(location: str) -> Optional[Checkpoint]:
+    """The newest checkpoint in ``location`` whose data matches its checksum (None if there is none)."""
+    store = _Store(location)
+    names = sorted((n for n in store.list() if _NAME.match(n)), reverse=True)
+    for n in names:
+        ck = _load(store, n)
+        if ck is not None:
+            return ck
+    return None
+
+
+def load_model_state(path: str) -> Dict[str, torch.Tensor]:
+    """A model ``state_dict`` from a final ``model.pt`` or from a checkpoint (file or directory)."""
+    if os.path.isdir(path) or ("://" in path and not path.endswith((".pt", ".json"))):
+        ck = latest(path)
+        if ck is None:
+            raise UserError(f"init_from {path!r}: no valid checkpoint there")
+        return ck.model_state
+    if not os.path.exists(path) and "://" not in path:
+        raise UserError(f"init_from {path!r} does not exist; give a previous run's model.pt or checkpoint directory")
+    store = _Store(os.path.dirname(path) or ".")
+    try:
+        state = torch.load(io.BytesIO(store.read(os.path.basename(path))), weights_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"init_from {path!r} is not a model state_dict or checkpoint: {e}") from None
+    if isinstance(state, dict) and "model_state" in state and "format" in state:
+        return state["model_state"]
+    if isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values()):
+        return state
+    raise UserError(f"init_from {path!r} holds neither a state_dict nor an mpca checkpoint")
+
+
+def save_model(path: str, model: torch.nn.Module) -> str:
+    """The final model as a plain ``state_dict`` (``torch.load`` + ``load_state_dict`` — no mpca needed)."""
+    store = _Store(os.path.dirname(path) or ".")
+    store.makedirs()
+    buf = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
+    store.write_atomic(os.path.basename(path), buf.getvalue())
+    return path

@@ -1,0 +1,85 @@
+"""Console entry point: ``mpca train --config conf/digits.yaml [key=value ...]``, ``mpca bench ...``,
+``mpca data ...``.
+
+Exit codes: 0 done (or target reached), 2 user error (one line, no traceback),
+3 the run failed, 4 stopped at a time/cycle/epoch limit without reaching the
+target error.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import List, Optional
+
+from mpca.errors import RunFailedError, UserError
+
+EXIT_USER_ERROR = 2
+EXIT_RUN_FAILED = 3
+
+
+def _train(args) -> int:
+    from mpca import job
+    from mpca.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    return job.run(cfg).exit_code
+
+
+def _data(args) -> int:
+    from mpca.data.datasets import write_parquet
+
+    print(write_parquet(args.dataset, args.path))
+    return 0
+
+
+def _bench(args) -> int:
+    if args.which == "pull":
+        from mpca.bench.pull import main as pull_main
+
+        return pull_main(args.rest)
+    from mpca.bench.exchange import main as exchange_main
+
+    return exchange_main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="mpca", description="MPCA SGD: coordinated asynchronous training on Spark")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log at INFO level (Spark stays at ERROR)")
+    sub = ap.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a model from a YAML config")
+    t.add_argument("--config", "-c", action="append", default=[],
+                   help="YAML file, e.g. conf/digits.yaml; repeat to merge presets (later files win)")
+    t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. training.agents=2 stop.max_cycles=50")
+    t.set_defaults(func=_train)
+    d = sub.add_parser("data", help="write a bundled dataset as Parquet")
+    d.add_argument("dataset", choices=["digits", "mnist5k"])
+    d.add_argument("path")
+    d.set_defaults(func=_data)
+    b = sub.add_parser("bench", help="benchmarks: pull (Eq. 7 cost) or exchange (runtime)")
+    b.add_argument("which", choices=["pull", "exchange"])
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(func=_bench)
+    return ap
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose or args.command == "train" else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"mpca: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except RunFailedError as e:
+        print(f"mpca: run failed: {e}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    except KeyboardInterrupt:
+        print("mpca: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""A training job from a :class:`~mpca.config.JobConfig`: session, data, Trainer, outputs, exit code.
+
+Used by ``mpca train`` and ``spark-submit spark_jobs/train.py``.  Outputs in
+``run.output_dir``: ``model.pt`` (a plain state_dict), ``history.csv``,
+``history.png``, ``timeline.csv``, ``summary.json`` (for schedulers) and
+``checkpoints/``.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from mpca.config import JobConfig
+from mpca.errors import UserError
+
+log = logging.getLogger("mpca.job")
+
+EXIT_OK = 0
+EXIT_USER_ERROR = 2
+EXIT_RUN_FAILED = 3
+EXIT_TARGET_NOT_REACHED = 4  # stopped at a time/cycle/epoch limit without reaching stop.target_error
+
+
+def build_optimizer(params, name: str, lr: float, momentum: float, weight_decay: float):
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def cross_entropy(out, y):
+    return torch.nn.functional.cross_entropy(out, y)
+
+
+@dataclass
+class JobResult:
+    exit_code: int
+    summary: dict
+
+
+def _session(cfg: JobConfig):
+    from mpca.runtime.cluster import local_session
+
+    if cfg.cluster.master == "existing":
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession() or SparkSession.builder.appName(cfg.run.name).getOrCreate()
+        return spark, False
+    k, c, m = map(int, re.fullmatch(r"local-cluster\[(\d+),(\d+),(\d+)\]", cfg.cluster.master).groups())
+    spark = local_session(k, c, m, app_name=cfg.run.name, conf=cfg.cluster.conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark, True
+
+
+def _data(spark, cfg: JobConfig):
+    from mpca.data.datasets import dataset_dataframe
+
+    d = cfg.data
+    if d.dataset is not None:
+        return dataset_dataframe(spark, d.dataset, d.partitions)
+    try:
+        df = spark.read.parquet(d.path)
+    except Exception as e:  # noqa: BLE001 - Spark's AnalysisException etc.: a path the user must fix
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"data.path {d.path!r} cannot be read as Parquet: {first[:200]}") from None
+    from pyspark.ml.linalg import VectorUDT
+
+    if d.features in df.columns and isinstance(df.schema[d.features].dataType, VectorUDT):
+        from pyspark.ml.functions import vector_to_array
+
+        df = df.withColumn(d.features, vector_to_array(d.features, "float32"))
+    return df
+
+
+def _check_output_dir(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".mpca-write-test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"run.output_dir {path!r} is not writable: {e.strerror or e}") from None
+
+
+def run(cfg: JobConfig, spark=None) -> JobResult:
+    from mpca.models import build_model, check_model_name
+    from mpca.report import plot_history, summary_table, write_history_csv
+    from mpca.trainer import Trainer
+
+    out = cfg.run.output_dir
+    _check_output_dir(out)
+    check_model_name(cfg.model.name, cfg.model.args)
+    ckpt_dir = cfg.checkpoint.dir or os.path.join(out, "checkpoints")
+    own_session = False
+    if spark is None:
+        spark, own_session = _session(cfg)
+    t0 = time.time()
+    try:
+        df = _data(spark, cfg)
+        model_fn = functools.partial(build_model, cfg.model.name, dict(cfg.model.args))
+        opt = cfg.optimizer
+        optimizer_fn = functools.partial(_optimizer_for, opt.name, opt.lr, opt.momentum, opt.weight_decay)
+        trainer = Trainer(
+            model_fn, cross_entropy, optimizer_fn, agents=cfg.training.agents, shards=cfg.algorithm.shards,
+            hyper=cfg.algorithm.hyper(), batch_size=cfg.training.batch_size, input_shape=cfg.data.input_shape,
+            features=cfg.data.features, label=cfg.data.label, buffers=cfg.algorithm.buffers,
+            holdout=cfg.data.holdout, eval_every_cycles=cfg.eval.every_cycles or 10 ** 9,
+            eval_every_seconds=cfg.eval.every_seconds, max_cycles=cfg.stop.max_cycles,
+            max_seconds=cfg.stop.max_seconds, max_epochs=cfg.stop.max_epochs, target_error=cfg.stop.target_error,
+            use_gpus=cfg.training.use_gpus, seed=cfg.seed, executor_wait_s=cfg.cluster.executor_wait_s,
+            agent_start_timeout_s=cfg.cluster.agent_start_timeout_s, checkpoint_dir=ckpt_dir,
+            checkpoint_every=cfg.checkpoint.every_cycles, checkpoint_keep=cfg.checkpoint.keep,
+            resume=cfg.checkpoint.resume, init_from=cfg.checkpoint.init_from, progress=cfg.progress, spark=spark,
+            holdout_max_rows=cfg.data.holdout_max_rows)
+        fit = trainer.fit(df)
+    finally:
+        if own_session:
+            spark.stop()
+    from mpca.checkpoint import save_model
+
+    model_path = save_model(os.path.join(out, "model.pt"), fit.model)
+    hist_path = os.path.join(out, "history.csv")
+    history = fit.history
+    if cfg.checkpoint.resume and fit.extra.get("first_cycle", 0) > 0 and os.path.exists(hist_path):
+        import pandas as pd
+
+        before = pd.read_csv(hist_path)
+        history = pd.concat([before[before["cycle"] <= fit.extra["first_cycle"]], history], ignore_index=True)
+    write_history_csv(history, hist_path)
+    plot_path = plot_history(history, os.path.join(out, "history.png"), title=f"{cfg.run.name}: holdout error",
+                             target=cfg.stop.target_error)
+    timeline_path = os.path.join(out, "timeline.csv")
+    fit.timeline.to_pandas().to_csv(timeline_path, index=False)
+    target = cfg.stop.target_error
+    reached = target is not None and fit.final.error <= target
+    code = EXIT_TARGET_NOT_REACHED if target is not None and not reached else EXIT_OK
+    summary = {
+        "status": "target_reached" if reached else ("limit_reached" if target is not None else "done"),
+        "exit_code": code, "stop_reason": fit.stop_reason, "final_holdout_error": fit.final.error,
+        "final_holdout_loss": fit.final.loss, "target_error": target, "wall_s": fit.wall_s,
+        "job_wall_s": time.time() - t0, "cycles": fit.cycles, "first_cycle": fit.extra.get("first_cycle", 0),
+        "agents": cfg.training.agents, "layout": fit.extra["layout"],
+        "paths": {"model": model_path, "history": hist_path, "plot": plot_path, "timeline": timeline_path,
+                  "checkpoints": ckpt_dir, "summary": os.path.join(out, "summary.json")},
+    }
+    with open(summary["paths"]["summary"] + ".tmp", "w") as f:
+        json.dump(summary, f, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v))
+    os.replace(summary["paths"]["summary"] + ".tmp", summary["paths"]["summary"])
+    print(summary_table([
+        ("final holdout error", f"{100 * fit.final.error:.2f}%"), ("stop reason", fit.stop_reason),
+        ("cycles", fit.cycles), ("wall time", f"{fit.wall_s:.1f}s"), ("model", model_path),
+        ("history", hist_path), ("plot", plot_path), ("summary", summary["paths"]["summary"]),
+    ]), flush=True)
+    return JobResult(code, summary)
+
+
+def _optimizer_for(name, lr, momentum, weight_decay, params):
+    return build_optimizer(params, name, lr, momentum, weight_decay)

@@ -1,0 +1,74 @@
+"""Live progress on the driver: one updating line on a terminal, periodic log lines otherwise."""
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from typing import Optional
+
+log = logging.getLogger("mpca.progress")
+
+
+def _fmt_eta(seconds: Optional[float]) -> str:
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "-"
+    m, s = divmod(int(seconds), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class Progress:
+    """``mode``: ``bar`` (updating line), ``log`` (a line every ``log_every_s``), ``off``, or ``auto``
+    (``bar`` on a terminal, ``log`` otherwise — spark-submit logs, CI)."""
+
+    def __init__(self, mode: str = "auto", target_error: Optional[float] = None, log_every_s: float = 10.0,
+                 stream=None):
+        self.stream = stream or sys.stderr
+        if mode == "auto":
+            mode = "bar" if getattr(self.stream, "isatty", lambda: False)() else "log"
+        if mode not in ("bar", "log", "off"):
+            raise ValueError(f"progress mode must be auto, bar, log or off, got {mode!r}")
+        self.mode = mode
+        self.target = target_error
+        self.log_every_s = log_every_s
+        self._last_log = 0.0
+        self._errors: list = []  # (wall, error) for the time-to-target estimate
+        self.cycle = 0
+        self.samples_per_s = float("nan")
+        self.error = float("nan")
+        self.t0 = time.time()
+
+    def eta_to_target(self) -> Optional[float]:
+        """Seconds to the target error at the current rate of improvement (linear over recent evaluations)."""
+        if self.target is None or len(self._errors) < 2:
+            return None
+        (t1, e1), (t2, e2) = self._errors[max(0, len(self._errors) - 4)], self._errors[-1]
+        if e2 <= self.target:
+            return 0.0
+        rate = (e1 - e2) / (t2 - t1) if t2 > t1 else 0.0
+        return (e2 - self.target) / rate if rate > 0 else None
+
+    def line(self) -> str:
+        err = f"{100 * self.error:.2f}%" if math.isfinite(self.error) else "-"
+        sps = f"{self.samples_per_s:,.0f}" if math.isfinite(self.samples_per_s) else "-"
+        tgt = f" | to {100 * self.target:.1f}%: {_fmt_eta(self.eta_to_target())}" if self.target is not None else ""
+        return f"cycle {self.cycle} | {sps} samples/s | holdout error {err}{tgt} | {time.time() - self.t0:.0f}s"
+
+    def update(self, cycle: int, error: Optional[float] = None, samples_per_s: Optional[float] = None) -> None:
+        self.cycle = cycle
+        if samples_per_s is not None and math.isfinite(samples_per_s):
+            self.samples_per_s = samples_per_s
+        if error is not None and math.isfinite(error):
+            self.error = error
+            self._errors.append((time.time() - self.t0, error))
+        if self.mode == "bar":
+            self.stream.write("\r\033[K" + self.line())
+            self.stream.flush()
+        elif self.mode == "log" and (error is not None or time.time() - self._last_log >= self.log_every_s):
+            self._last_log = time.time()
+            log.info(self.line())
+
+    def close(self) -> None:
+        if self.mode == "bar":
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,50 @@
+"""Results a person would rather look at than read: the history as CSV, a plot, a table."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+
+def write_history_csv(history, path: str) -> str:
+    cols = [c for c in ("wall_s", "cycle", "holdout_error", "holdout_loss", "samples_per_s", "epochs") if c in history]
+    out = history[cols].copy()
+    extra = [c for c in ("tau", "agent_samples_per_s") if c in history]
+    for c in extra:
+        out[c] = history[c].map(lambda d: ";".join(f"{k}:{v:.1f}" if isinstance(v, float) else f"{k}:{v}"
+                                                   for k, v in sorted((d or {}).items())))
+    out.to_csv(path, index=False)
+    return path
+
+
+def plot_history(history, path: str, title: str = "MPCA SGD", target: Optional[float] = None) -> str:
+    """Holdout error against wall time (like the paper's Fig. 13a)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    h = history.dropna(subset=["holdout_error"])
+    ax.plot(h["wall_s"], 100 * h["holdout_error"], marker="o", ms=3, label="holdout error")
+    if target is not None:
+        ax.axhline(100 * target, color="grey", ls="--", lw=1, label=f"target {100 * target:.1f}%")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("holdout error (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def summary_table(rows) -> str:
+    """A small aligned table of (label, value) pairs."""
+    width = max(len(k) for k, _ in rows)
+    out = []
+    for k, v in rows:
+        if isinstance(v, float):
+            v = "-" if math.isnan(v) else f"{v:.4g}"
+        out.append(f"  {k:<{width}}  {v}")
+    return "\n".join(out)

@@ -1,0 +1,126 @@
+"""End to end through the console command and the notebook, each in its own process with its own Spark."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+from mpca import checkpoint
+from mpca.data.datasets import load_digits
+from mpca.models import SmallCNN
+
+pytestmark = [pytest.mark.standalone, pytest.mark.usefixtures("no_shared_spark")]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _mpca(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "mpca.cli", "train", "-c", "conf/digits.yaml", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _error_on_all_digits(state) -> float:
+    x, y = load_digits()
+    m = SmallCNN(8)
+    m.load_state_dict(state)
+    m.eval()
+    with torch.no_grad():
+        pred = m(torch.from_numpy(x).reshape(-1, 1, 8, 8)).argmax(1).numpy()
+    return float((pred != y).mean())
+
+
+def test_cli_trains_digits_below_5_percent(tmp_path):
+    out = tmp_path / "run"
+    p = _mpca(f"run.output_dir={out}", "stop.target_error=0.04", "stop.max_seconds=240", "progress=log")
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "target_reached" and summary["final_holdout_error"] < 0.05
+    for key in ("model", "history", "plot", "timeline"):
+        assert os.path.exists(summary["paths"][key]), key
+    assert "final holdout error" in p.stdout
+    state = torch.load(summary["paths"]["model"], weights_only=True)  # loads in plain PyTorch
+    assert _error_on_all_digits(state) < 0.1
+    assert "holdout error" in p.stderr  # progress lines (not a terminal → log lines)
+
+
+def test_time_limit_without_target_exits_4(tmp_path):
+    out = tmp_path / "run"
+    p = _mpca(f"run.output_dir={out}", "stop.target_error=0.0", "stop.max_cycles=6", "eval.every_cycles=3")
+    assert p.returncode == 4, p.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["status"] == "limit_reached"
+
+
+def test_kill_driver_then_resume_from_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    name = f"killtest-{uuid.uuid4().hex[:8]}"
+    args = [f"run.output_dir={out}", f"run.name={name}", "checkpoint.every_cycles=5", "stop.target_error=null",
+            "stop.max_seconds=null", "stop.max_cycles=400", "progress=log"]
+    proc = subprocess.Popen([sys.executable, "-m", "mpca.cli", "train", "-c", "conf/digits.yaml", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ckdir = out / "checkpoints"
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline:
+            ck = checkpoint.latest(str(ckdir)) if ckdir.exists() else None
+            if ck is not None and ck.cycle >= 15:
+                break
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail("no checkpoint within 240 s")
+        os.kill(proc.pid, signal.SIGKILL)  # the driver dies mid-run
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # the driver's JVM and its executors go away with it
+    deadline = time.time() + 60
+    while time.time() < deadline and subprocess.run(["pgrep", "-f", name], capture_output=True).returncode == 0:
+        time.sleep(1)
+    assert subprocess.run(["pgrep", "-f", name], capture_output=True).returncode != 0, "Spark outlived its driver"
+
+    ck = checkpoint.latest(str(ckdir))
+    assert ck is not None and ck.cycle >= 15  # intact: its checksum matched
+    err_at_ck = _error_on_all_digits(ck.model_state)
+    resumed = _mpca(f"run.output_dir={out}", f"run.name={name}-resumed", "checkpoint.resume=true",
+                    "checkpoint.every_cycles=5", "stop.target_error=null", "stop.max_seconds=null",
+                    f"stop.max_cycles={ck.cycle + 40}", "training.agents=1")  # resume works with another K
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["first_cycle"] == ck.cycle and summary["cycles"] == ck.cycle + 40
+    final_state = torch.load(summary["paths"]["model"], weights_only=True)
+    assert _error_on_all_digits(final_state) <= err_at_ck
+    import pandas as pd
+
+    hist = pd.read_csv(summary["paths"]["history"]).dropna(subset=["holdout_error"])
+    after = hist[hist["cycle"] > ck.cycle]["holdout_error"].to_numpy()
+    assert len(after) >= 2 and after[-1] <= after[0] + 0.02  # still falling (allowing holdout noise)
+
+
+def test_init_from_previous_model(tmp_path):
+    first = tmp_path / "first"
+    p = _mpca(f"run.output_dir={first}", "stop.target_error=null", "stop.max_cycles=20", "eval.every_cycles=10")
+    assert p.returncode == 0, p.stderr[-3000:]
+    second = tmp_path / "second"
+    p = _mpca(f"run.output_dir={second}", f"checkpoint.init_from={first}/model.pt", "stop.target_error=null",
+              "stop.max_cycles=3", "eval.every_cycles=3", "algorithm.alpha.hold_cycles=0")
+    assert p.returncode == 0, p.stderr[-3000:]
+    s1 = json.loads((first / "summary.json").read_text())
+    s2 = json.loads((second / "summary.json").read_text())
+    # three more cycles from a trained model stay near its error, far from a fresh model's ~90 %
+    assert s2["final_holdout_error"] < 0.3 and s2["final_holdout_error"] < s1["final_holdout_error"] + 0.1
+
+
+def test_notebook_executes():
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
+    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "holdout error" in outputs and "predicted" in outputs

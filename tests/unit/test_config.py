@@ -1,0 +1,68 @@
+"""Configuration mistakes: one clear line naming the key, exit code 2, no traceback."""
+import subprocess
+import sys
+
+import pytest
+
+from mpca.cli import main
+from mpca.config import load_config
+
+MISTAKES = [
+    (["training.agnts=2"], "unknown configuration key 'training.agnts'"),
+    (["training.agents=two"], "'training.agents'"),
+    (["training.agents=0"], "'training.agents'"),
+    (["optimizer.name=rmsprop"], "'optimizer.name'"),
+    (["optimizer.lr=-1"], "'optimizer.lr'"),
+    (["stop.max_cycles=null", "stop.max_seconds=null", "stop.target_error=null"], "set at least one of stop."),
+    (["cluster.master=local[2]"], "'cluster.master'"),
+    (["training.agents=5"], "training.agents=5 but cluster.master has 2 executor(s)"),
+    (["data.dataset=null"], "give exactly one of data.dataset"),
+    (["algorithm.alpha.peak=2"], "'algorithm.alpha.peak'"),
+    (["data.input_shape=[0,8]"], "'data.input_shape'"),
+    (["data.holdout=1.5"], "'data.holdout'"),
+    (["cluster.master=local-cluster[2,1,1024]"], "agents need 2"),
+    (["stop.target_error=5"], "'stop.target_error'"),
+    (["nonsense"], "is not key=value"),
+    (["algorithm.shards=0"], "'algorithm.shards'"),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", MISTAKES)
+def test_config_mistake_gives_one_line_and_exit_2(overrides, expected, capsys):
+    code = main(["train", "--config", "conf/digits.yaml", *overrides])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("mpca: error:"), err
+    assert expected in err, err
+
+
+def test_missing_and_broken_config_files(tmp_path, capsys):
+    assert main(["train", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: [unclosed\n")
+    assert main(["train", "--config", str(bad)]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+
+
+def test_unknown_model_and_unwritable_output(tmp_path, capsys):
+    assert main(["train", "-c", "conf/digits.yaml", "model.name=vgg99"]) == 2
+    assert "model.name 'vgg99' is unknown" in capsys.readouterr().err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")  # a directory cannot be created under a file, not even by root
+    assert main(["train", "-c", "conf/digits.yaml", f"run.output_dir={blocker}/out"]) == 2
+    assert "not writable" in capsys.readouterr().err
+
+
+def test_real_process_prints_no_traceback():
+    p = subprocess.run([sys.executable, "-m", "mpca.cli", "train", "-c", "conf/digits.yaml", "training.agents=x"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr and p.stderr.strip().count("\n") == 0, p.stderr
+
+
+def test_presets_merge_and_overrides_win():
+    cfg = load_config(["conf/digits.yaml", "conf/cluster/yarn_gpu.yaml"], ["cluster.executor_wait_s=5"])
+    assert cfg.cluster.master == "existing" and cfg.training.use_gpus is True
+    assert cfg.cluster.executor_wait_s == 5 and cfg.model.name == "small_cnn"
+    assert cfg.algorithm.hyper().alpha(0) == 0.0

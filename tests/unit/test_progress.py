@@ -1,0 +1,31 @@
+import io
+import logging
+
+from mpca.progress import Progress
+
+
+def test_bar_mode_rewrites_one_line():
+    out = io.StringIO()
+    p = Progress("bar", target_error=0.05, stream=out)
+    p.update(1, 0.5, 1000.0)
+    p.update(2, 0.3, 1200.0)
+    p.close()
+    text = out.getvalue()
+    assert text.count("\r") == 2 and "cycle 2" in text and "30.00%" in text and "1,200 samples/s" in text
+
+
+def test_log_mode_when_not_a_terminal(caplog):
+    out = io.StringIO()  # not a tty
+    p = Progress("auto", stream=out)
+    assert p.mode == "log"
+    with caplog.at_level(logging.INFO, logger="mpca.progress"):
+        p.update(3, 0.2, 10.0)
+    assert "holdout error 20.00%" in caplog.text and out.getvalue() == ""
+
+
+def test_time_to_target_from_rate_of_improvement():
+    p = Progress("off", target_error=0.1)
+    p._errors = [(0.0, 0.5), (10.0, 0.3)]  # 0.02 per second → 10 s more to reach 0.1
+    assert abs(p.eta_to_target() - 10.0) < 1e-9
+    p._errors.append((20.0, 0.6))  # worse than the window's start: no estimate
+    assert p.eta_to_target() is None
