@@ -73,12 +73,6 @@ def _data(spark, cfg: JobConfig):
     except Exception as e:  # noqa: BLE001 - Spark's AnalysisException etc.: a path the user must fix
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"data.path {d.path!r} cannot be read as Parquet: {first[:200]}") from None
-    from pyspark.ml.linalg import VectorUDT
-
-    if d.features in df.columns and isinstance(df.schema[d.features].dataType, VectorUDT):
-        from pyspark.ml.functions import vector_to_array
-
-        df = df.withColumn(d.features, vector_to_array(d.features, "float32"))
     return df
 
 

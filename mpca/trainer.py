@@ -116,6 +116,12 @@ class Trainer:
         for c in (self.features, self.label):
             if c not in cols:
                 raise UserError(f"column {c!r} not in the data (columns: {sorted(cols)}); set features=/label=")
+        from pyspark.ml.linalg import VectorUDT
+
+        if isinstance(df.schema[self.features].dataType, VectorUDT):  # ML vectors → array<float>
+            from pyspark.ml.functions import vector_to_array
+
+            df = df.withColumn(self.features, vector_to_array(self.features, "float32"))
         if self.holdout > 0:
             train, hold = df.randomSplit([1.0 - self.holdout, self.holdout], seed=self.seed)
         else:
@@ -239,6 +245,7 @@ class Trainer:
         return FitResult(model.cpu(), pd.DataFrame(history), run.timeline, run.summaries, cycles_done, wall,
                          stop_reason, final,
                          extra={"run_id": run.run_id, "jobs": dict(pipe.jobs), "job_group": pipe.job_group,
+                                "broadcasts": dict(pipe.broadcasts),
                                 "layout": run.layout.describe(), "first_cycle": first_cycle})
 
     def _snapshot(self, run, model, cycle: int, specs, wall: float):

@@ -58,6 +58,7 @@ class ExchangePipeline:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpca-exchange")
         self.last_agent_reports: Dict[int, dict] = {}
         self.jobs = {"cycle": 0, "correction": 0, "control": 0}  # Spark jobs submitted, by purpose
+        self.broadcasts = {"created": 0, "destroyed": 0}
         self.job_group = f"mpca-{run_id}-exchange"
 
     # ------------------------------------------------------------------ jobs
@@ -104,6 +105,7 @@ class ExchangePipeline:
         star = self.joint[shard].update(result["partial"], self.hyper.beta(cycle), self.hyper.gamma(cycle),
                                         self.hyper.delta)
         bc = self.sc.broadcast(np.ascontiguousarray(star.numpy(), dtype=self.wire))
+        self.broadcasts["created"] += 1
         self._staged[cycle + self.lag] = _Staged(shard, bc)
         rec.stage_end = time.time()
 
@@ -121,7 +123,7 @@ class ExchangePipeline:
         result = fut.result()
         rec.t_end = time.time()
         if staged is not None:
-            staged.bc.destroy(blocking=False)  # executors' memory stays flat over thousands of cycles
+            self._destroy(staged.bc)
         rec.agents = {a: {k: v for k, v in e.items()} for a, e in result["agents"].items()}
         self.last_agent_reports.update(rec.agents)
         yields = [e["t_yield"] for e in rec.agents.values() if e.get("t_yield")]
@@ -142,8 +144,13 @@ class ExchangePipeline:
             self._pending = None
             self.joint[r].update(result["partial"], self.hyper.beta(c), self.hyper.gamma(c), self.hyper.delta)
         for st in self._staged.values():
-            st.bc.destroy(blocking=False)
+            self._destroy(st.bc)
         self._staged.clear()
+
+    def _destroy(self, bc) -> None:
+        """Drop a broadcast no job will read again, so executors' memory stays flat over thousands of cycles."""
+        bc.destroy(blocking=False)
+        self.broadcasts["destroyed"] += 1
 
     # ------------------------------------------------------------------ control
     def hello(self, expected: int, timeout_s: float, agent_job_alive: Callable[[], bool]) -> Dict[int, dict]:

@@ -102,9 +102,15 @@ def test_kill_driver_then_resume_from_checkpoint(tmp_path):
     assert len(after) >= 2 and after[-1] <= after[0] + 0.02  # still falling (allowing holdout noise)
 
 
-def test_init_from_previous_model(tmp_path):
+def test_init_from_previous_model_on_parquet_data(tmp_path):
+    """The nightly-retrain case: a second job starts from the first job's model, on Parquet input."""
+    pq = tmp_path / "digits.parquet"
+    w = subprocess.run([sys.executable, "-m", "mpca.cli", "data", "digits", str(pq)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert w.returncode == 0, w.stderr
     first = tmp_path / "first"
-    p = _mpca(f"run.output_dir={first}", "stop.target_error=null", "stop.max_cycles=20", "eval.every_cycles=10")
+    p = _mpca(f"run.output_dir={first}", "stop.target_error=null", "stop.max_cycles=20", "eval.every_cycles=10",
+              "data.dataset=null", f"data.path={pq}")
     assert p.returncode == 0, p.stderr[-3000:]
     second = tmp_path / "second"
     p = _mpca(f"run.output_dir={second}", f"checkpoint.init_from={first}/model.pt", "stop.target_error=null",
@@ -124,3 +130,12 @@ def test_notebook_executes():
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "holdout error" in outputs and "predicted" in outputs
+
+
+def test_unreadable_data_path_is_one_line_exit_2(tmp_path):
+    t = time.time()
+    p = _mpca(f"run.output_dir={tmp_path}/run", "data.dataset=null", f"data.path={tmp_path}/no-such.parquet")
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("mpca:")]
+    assert lines == [lines[0]] and "cannot be read as Parquet" in lines[0] and "Traceback" not in p.stderr
+    assert time.time() - t < 120

@@ -38,6 +38,12 @@ def test_one_spark_job_per_cycle(digits_fit):
     assert len(group_jobs) == jobs["cycle"] + jobs["correction"] + jobs["control"]
 
 
+def test_every_broadcast_is_destroyed(digits_fit):
+    _, fit = digits_fit
+    b = fit.extra["broadcasts"]
+    assert b["created"] >= fit.cycles - 2 and b["destroyed"] == b["created"]
+
+
 def test_broadcast_and_reduce_of_different_shards_overlap(digits_fit):
     _, fit = digits_fit
     tl = fit.timeline
@@ -100,3 +106,17 @@ def test_too_many_agents_fail_fast(spark):
     with pytest.raises(ClusterTooSmallError, match="cluster too small"):
         Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=3, input_shape=(1, 8, 8),
                 max_cycles=1, spark=spark, executor_wait_s=1).fit(df)
+
+
+def test_uneven_and_empty_partitions(spark):
+    """One row for two agents: one agent has an empty partition, trains nothing, weighs 0 in Eq. 9."""
+    from pyspark.ml.linalg import Vectors
+
+    df = spark.createDataFrame([(Vectors.dense([0.5] * 64), 3)], ["features", "label"])  # an ML vector column
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+                  holdout=0.0, max_cycles=6, eval_every_cycles=100, spark=spark).fit(df)
+    rows = sorted(s["rows"] for s in fit.agents)
+    assert rows == [0, 1]
+    empty = next(s["agent"] for s in fit.agents if s["rows"] == 0)
+    assert all(c.agents[empty]["tau"] == 0 for c in fit.timeline.cycles)
+    assert fit.cycles == 6
