@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test unit demo bench-pull clean
+.PHONY: install test unit demo bench-pull bench-exchange clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,10 +14,16 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	$(PY) -m pytest
+	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(PY) -m pytest
 
 unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit
+
+demo: $(VENV)/.installed
+	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(VENV)/bin/mpca train --config conf/digits.yaml
+
+bench-exchange: $(VENV)/.installed
+	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(PY) -m mpca.bench.exchange
 
 bench-pull: $(VENV)/.installed
 	$(PY) -m mpca.bench.pull
