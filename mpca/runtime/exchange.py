@@ -81,7 +81,7 @@ def _claim(plan: ExchangePlan):
 def _deliver(plan: ExchangePlan, path: str, bcast, entry: Dict[str, Any]) -> None:
     """Background receive of the broadcast shard and hand-off to the agent (the Future)."""
     try:
-        vec = np.ascontiguousarray(bcast.value, dtype=plan.wire_dtype)
+        vec = np.frombuffer(bcast.value, dtype=plan.wire_dtype)
         entry["t_bc_loaded"] = time.time()
         ch = Channel.connect(path, plan.secret, timeout=plan.timeout_s)
         try:

@@ -104,7 +104,9 @@ class ExchangePipeline:
         rec.stage_shard, rec.stage_start = shard, time.time()
         star = self.joint[shard].update(result["partial"], self.hyper.beta(cycle), self.hyper.gamma(cycle),
                                         self.hyper.delta)
-        bc = self.sc.broadcast(np.ascontiguousarray(star.numpy(), dtype=self.wire))
+        # raw bytes, not an ndarray: PySpark's encrypted broadcast path (spark.io.encryption.enabled) cannot
+        # write the PickleBuffer that protocol 5 produces for arrays
+        bc = self.sc.broadcast(np.ascontiguousarray(star.numpy(), dtype=self.wire).tobytes())
         self.broadcasts["created"] += 1
         self._staged[cycle + self.lag] = _Staged(shard, bc)
         rec.stage_end = time.time()

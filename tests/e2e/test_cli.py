@@ -139,3 +139,18 @@ def test_unreadable_data_path_is_one_line_exit_2(tmp_path):
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("mpca:")]
     assert lines == [lines[0]] and "cannot be read as Parquet" in lines[0] and "Traceback" not in p.stderr
     assert time.time() - t < 120
+
+
+def test_spark_submit_entry_point(tmp_path):
+    """spark-submit spark_jobs/train.py: the job uses spark-submit's session (here without agent pinning)."""
+    out = tmp_path / "run"
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    p = subprocess.run([os.path.join(bindir, "spark-submit"), "--master", "local-cluster[2,2,1024]",
+                        "--conf", f"spark.pyspark.python={sys.executable}", "--conf", "spark.ui.enabled=false",
+                        "spark_jobs/train.py", "-c", "conf/digits.yaml", f"run.output_dir={out}",
+                        "stop.target_error=null", "stop.max_cycles=10", "eval.every_cycles=5"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["cycles"] == 10 and summary["final_holdout_error"] < 0.5

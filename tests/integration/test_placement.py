@@ -33,3 +33,14 @@ def test_fake_gpus_give_distinct_devices_to_distinct_agents(spark):
     for s in fit.agents:
         expected = f"cuda:{s['gpu'][0]}" if torch.cuda.is_available() else "cpu"
         assert s["device"] == expected
+
+
+@pytest.mark.cluster(secure=True)
+def test_runs_with_spark_authentication_and_encryption(spark):
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.authenticate") == "true" and conf.get("spark.io.encryption.enabled") == "true"
+    df = dataset_dataframe(spark, "digits")
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+                  max_cycles=10, eval_every_cycles=5, spark=spark).fit(df)
+    assert fit.cycles == 10 and all(sorted(c.agents) == [0, 1] for c in fit.timeline.cycles)
+    assert fit.final.error < 0.5
