@@ -90,6 +90,7 @@ class AlgorithmSection(_Strict):
     shards: int = Field(3, ge=1)
     delta: float = Field(0.8, ge=0.0, le=1.0)
     buffers: Literal["average", "local"] = "average"
+    min_cycle_interval_s: float = Field(0.0, ge=0.0, description="0 = exchange as fast as possible (the paper)")
     alpha: AlphaSection = Field(default_factory=AlphaSection)
     beta: BetaSection = Field(default_factory=BetaSection)
     gamma: GammaSection = Field(default_factory=GammaSection)

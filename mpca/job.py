@@ -15,7 +15,6 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -116,7 +115,7 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
             agent_start_timeout_s=cfg.cluster.agent_start_timeout_s, checkpoint_dir=ckpt_dir,
             checkpoint_every=cfg.checkpoint.every_cycles, checkpoint_keep=cfg.checkpoint.keep,
             resume=cfg.checkpoint.resume, init_from=cfg.checkpoint.init_from, progress=cfg.progress, spark=spark,
-            holdout_max_rows=cfg.data.holdout_max_rows)
+            holdout_max_rows=cfg.data.holdout_max_rows, min_cycle_interval_s=cfg.algorithm.min_cycle_interval_s)
         fit = trainer.fit(df)
     finally:
         if own_session:

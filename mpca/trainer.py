@@ -60,7 +60,7 @@ class Trainer:
                  executor_wait_s: float = 60.0, agent_start_timeout_s: float = 180.0,
                  checkpoint_dir: Optional[str] = None, checkpoint_every: int = 20, checkpoint_keep: int = 3,
                  resume: bool = False, init_from: Optional[str] = None, progress: str = "off",
-                 holdout_max_rows: int = 5000,
+                 holdout_max_rows: int = 5000, min_cycle_interval_s: float = 0.0,
                  spark=None, on_cycle: Optional[Callable[[dict], None]] = None):
         for name, fn in (("model_fn", model_fn), ("loss_fn", loss_fn), ("optimizer_fn", optimizer_fn)):
             if not callable(fn):
@@ -97,6 +97,9 @@ class Trainer:
         self.checkpoint_dir, self.checkpoint_every, self.checkpoint_keep = checkpoint_dir, checkpoint_every, checkpoint_keep
         self.resume, self.init_from, self.progress = resume, init_from, progress
         self.holdout_max_rows = holdout_max_rows
+        if min_cycle_interval_s < 0:
+            raise ValueError(f"min_cycle_interval_s must be >= 0, got {min_cycle_interval_s!r}")
+        self.min_cycle_interval_s = min_cycle_interval_s
         self.spark, self.on_cycle = spark, on_cycle
 
     # ------------------------------------------------------------------ helpers
@@ -220,6 +223,8 @@ class Trainer:
                     if self.max_epochs is not None and epochs >= self.max_epochs:
                         stop_reason = "max_epochs"
                         break
+                    # optional throttle: fewer cycles leave more CPU to the agents where cores are shared
+                    time.sleep(max(0.0, self.min_cycle_interval_s - (time.time() - rec.t_submit)))
                     c += 1
         finally:
             evaluator.close()

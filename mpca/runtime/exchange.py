@@ -15,6 +15,7 @@ missing (see :mod:`mpca.runtime.pipeline`).
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ import numpy as np
 from mpca.algorithm.rules import WeightedSum
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError
+
+
+EXCHANGE_NICENESS = 10
 
 
 @dataclass(frozen=True)
@@ -96,8 +100,24 @@ def _deliver(plan: ExchangePlan, path: str, bcast, entry: Dict[str, Any]) -> Non
         entry["error"] = f"broadcast hand-off failed: {e!r}"
 
 
+_NICED = False
+
+
+def _yield_cpu_to_agents() -> None:
+    """Lower this (reused) Python worker's CPU priority once: when cores are scarce the agent's training
+    wins over the exchange, which only needs to keep pace with the cycles."""
+    global _NICED
+    if not _NICED:
+        _NICED = True
+        try:
+            os.nice(EXCHANGE_NICENESS)
+        except OSError:
+            pass
+
+
 def exchange_partition(plan: ExchangePlan, bcast, _rows: Iterator) -> Iterator[Dict[str, Any]]:
     """mapPartitions body of an exchange job (lazy: runs when treeReduce pulls the record)."""
+    _yield_cpu_to_agents()
     t_start = time.time()
     rec = empty_record()
     ch, info, path = _claim(plan)

@@ -7,7 +7,6 @@ import sys
 import time
 import uuid
 
-import numpy as np
 import pytest
 import torch
 

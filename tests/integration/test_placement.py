@@ -41,6 +41,8 @@ def test_runs_with_spark_authentication_and_encryption(spark):
     assert conf.get("spark.authenticate") == "true" and conf.get("spark.io.encryption.enabled") == "true"
     df = dataset_dataframe(spark, "digits")
     fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
-                  max_cycles=10, eval_every_cycles=5, spark=spark).fit(df)
+                  max_cycles=10, eval_every_cycles=5, spark=spark, min_cycle_interval_s=0.8).fit(df)
     assert fit.cycles == 10 and all(sorted(c.agents) == [0, 1] for c in fit.timeline.cycles)
     assert fit.final.error < 0.5
+    starts = [c.t_submit for c in fit.timeline.cycles]
+    assert min(b - a for a, b in zip(starts, starts[1:])) >= 0.75  # the throttle held

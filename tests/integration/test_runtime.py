@@ -84,15 +84,20 @@ def _replay(timeline, hyper, layout, agents):
     return torch.cat([s.joint for s in shards])
 
 
-def test_deterministic_joint_model_matches_core_rules(spark):
+@pytest.mark.parametrize("shards,cycles", [(3, 12), (2, 7), (1, 5)])
+def test_deterministic_joint_model_matches_core_rules(spark, shards, cycles):
+    """S = 3 (Fig. 8), S = 2 (Fig. 7) and S = 1 (Fig. 6): the driver's joint model equals the replay."""
     hyper = MPCAHyper(alpha=AlphaSchedule(hold_cycles=1, peak=0.5, decay_cycles=3, target=0.2),
                       beta=BetaSchedule(1.0, 0.5, 4), gamma=GammaSchedule(0.0, 0.5, 3), delta=0.8)
     rng = np.random.default_rng(0)
     df = to_dataframe(spark, rng.normal(size=(64, 1)).astype(np.float32), np.zeros(64, dtype=np.int64), 2)
-    fit = Trainer(helpers.fixed_point_model, helpers.half_squared_norm, helpers.sgd_one, agents=2, shards=3,
-                  hyper=hyper, input_shape=(1,), batch_size=8, holdout=0.0, max_cycles=12, eval_every_cycles=100,
+    fit = Trainer(helpers.fixed_point_model, helpers.half_squared_norm, helpers.sgd_one, agents=2, shards=shards,
+                  hyper=hyper, input_shape=(1,), batch_size=8, holdout=0.0, max_cycles=cycles, eval_every_cycles=100,
                   spark=spark).fit(df)
-    layout = ShardLayout.from_module(helpers.fixed_point_model(), 3)
+    layout = ShardLayout.from_module(helpers.fixed_point_model(), shards)
+    lag = 2 if shards >= 3 else 1
+    for c in fit.timeline.cycles[lag:]:  # the shard broadcast in cycle c is the one reduced in cycle c - lag
+        assert c.bcast_shard == (c.cycle - lag) % shards
     expected = _replay(fit.timeline, hyper, layout, [0, 1])
     taus = [[e["tau"] for e in c.agents.values()] for c in fit.timeline.cycles]
     assert all(sum(t) > 0 for t in taus[1:])

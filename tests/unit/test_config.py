@@ -66,3 +66,12 @@ def test_presets_merge_and_overrides_win():
     assert cfg.cluster.master == "existing" and cfg.training.use_gpus is True
     assert cfg.cluster.executor_wait_s == 5 and cfg.model.name == "small_cnn"
     assert cfg.algorithm.hyper().alpha(0) == 0.0
+
+
+@pytest.mark.parametrize("path", ["conf/digits.yaml", "conf/mnist_mlp.yaml"])
+def test_shipped_configs_validate(path):
+    cfg = load_config([path])
+    from mpca.models import build_model
+
+    params = sum(p.numel() for p in build_model(cfg.model.name, cfg.model.args).parameters())
+    assert params > (1_000_000 if "mnist" in path else 10_000)
