@@ -88,6 +88,8 @@ class Agent:
         self.tau = [0] * S
         self.targets: List[Optional[List[torch.Tensor]]] = [None] * S
         self.alpha = 0.0
+        self._pull_views: List[torch.Tensor] = []
+        self._pull_targets: List[torch.Tensor] = []
         self.steps = 0
         self.samples = 0
         self.last_loss = float("nan")
@@ -126,10 +128,8 @@ class Agent:
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         with self.lock:
-            if self.alpha > 0:
-                for s, target in enumerate(self.targets):
-                    if target is not None:
-                        elastic_pull_(self.shards.views(s), target, self.alpha)  # Eq. 7, before the gradient
+            if self.alpha > 0 and self._pull_views:
+                elastic_pull_(self._pull_views, self._pull_targets, self.alpha)  # Eq. 7, before the gradient
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.spec.loss_fn(self.model(x), y)
             loss.backward()
@@ -166,6 +166,10 @@ class Agent:
             with self.lock:
                 self.targets[s] = pieces
                 self.alpha = float(header["alpha"])
+                # one fused pull over every shard that has a target (rebuilt here, not in the step loop)
+                have = [i for i, t in enumerate(self.targets) if t is not None]
+                self._pull_views = [v for i in have for v in self.shards.views(i)]
+                self._pull_targets = [t for i in have for t in self.targets[i]]
             return {"ok": True}, None
         if op == "yield":
             s = int(header["shard"])
