@@ -100,31 +100,45 @@ def _deliver(plan: ExchangePlan, path: str, bcast, entry: Dict[str, Any]) -> Non
         entry["error"] = f"broadcast hand-off failed: {e!r}"
 
 
-_NICED = False
+def _run_niced(fn, *args):
+    """Run ``fn`` in a thread of lower CPU priority and return its result.
 
+    On Linux the nice value is per thread, so the exchange work yields the CPU to the agent's training when
+    cores are scarce, while the (reused) Python worker itself keeps its priority for later tasks.
+    """
+    out: Dict[str, Any] = {}
 
-def _yield_cpu_to_agents() -> None:
-    """Lower this (reused) Python worker's CPU priority once: when cores are scarce the agent's training
-    wins over the exchange, which only needs to keep pace with the cycles."""
-    global _NICED
-    if not _NICED:
-        _NICED = True
+    def work():
         try:
-            os.nice(EXCHANGE_NICENESS)
-        except OSError:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), EXCHANGE_NICENESS)
+        except (OSError, AttributeError):
             pass
+        try:
+            out["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the task's own thread
+            out["error"] = e
+
+    t = threading.Thread(target=work, name="mpca-exchange", daemon=True)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def exchange_partition(plan: ExchangePlan, bcast, _rows: Iterator) -> Iterator[Dict[str, Any]]:
     """mapPartitions body of an exchange job (lazy: runs when treeReduce pulls the record)."""
-    _yield_cpu_to_agents()
+    yield _run_niced(_exchange, plan, bcast)
+
+
+def _exchange(plan: ExchangePlan, bcast) -> Dict[str, Any]:
+    """Claim an agent, hand it the broadcast in the background, yield its shard and τ (steps 1–3 above)."""
     t_start = time.time()
     rec = empty_record()
     ch, info, path = _claim(plan)
     if ch is None:
         rec["misplaced"].append(placement.executor_id())
-        yield rec
-        return
+        return rec
     agent = int(info["agent"])
     entry: Dict[str, Any] = {"executor": info.get("executor"), "t_start": t_start, "error": info.get("error"),
                              "device": info.get("device"), "gpu": info.get("gpu"), "rows": info.get("rows"),
@@ -150,4 +164,4 @@ def exchange_partition(plan: ExchangePlan, bcast, _rows: Iterator) -> Iterator[D
         ch.close()
     entry["t_end"] = time.time()
     rec["agents"][agent] = entry
-    yield rec
+    return rec

@@ -49,3 +49,17 @@ def test_overlap_is_computed_from_timestamps():
     tl.add(b)
     assert a.broadcast_overlaps_reduce() and not b.broadcast_overlaps_reduce()
     assert tl.overlap_fraction(skip=0) == 0.5
+
+
+def test_exchange_work_runs_niced_without_renicing_the_worker():
+    import os
+    import threading
+
+    from mpca.runtime.exchange import EXCHANGE_NICENESS, _run_niced
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    inner = _run_niced(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    assert inner == EXCHANGE_NICENESS or before >= EXCHANGE_NICENESS
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+    with pytest.raises(KeyError):
+        _run_niced(lambda: {}["x"])
