@@ -29,7 +29,8 @@ EXIT_RUN_FAILED = 3
 EXIT_TARGET_NOT_REACHED = 4  # stopped at a time/cycle/epoch limit without reaching stop.target_error
 
 
-def build_optimizer(params, name: str, lr: float, momentum: float, weight_decay: float):
+def build_optimizer(name: str, lr: float, momentum: float, weight_decay: float, params):
+    """The configured optimizer (arguments first so that ``functools.partial`` leaves ``params`` open)."""
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw":
@@ -103,7 +104,7 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
         df = _data(spark, cfg)
         model_fn = functools.partial(build_model, cfg.model.name, dict(cfg.model.args))
         opt = cfg.optimizer
-        optimizer_fn = functools.partial(_optimizer_for, opt.name, opt.lr, opt.momentum, opt.weight_decay)
+        optimizer_fn = functools.partial(build_optimizer, opt.name, opt.lr, opt.momentum, opt.weight_decay)
         trainer = Trainer(
             model_fn, cross_entropy, optimizer_fn, agents=cfg.training.agents, shards=cfg.algorithm.shards,
             hyper=cfg.algorithm.hyper(), batch_size=cfg.training.batch_size, input_shape=cfg.data.input_shape,
@@ -157,6 +158,3 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
     ]), flush=True)
     return JobResult(code, summary)
 
-
-def _optimizer_for(name, lr, momentum, weight_decay, params):
-    return build_optimizer(params, name, lr, momentum, weight_decay)

@@ -254,19 +254,16 @@ class Trainer:
                                 "layout": run.layout.describe(), "first_cycle": first_cycle})
 
     def _snapshot(self, run, model, cycle: int, specs, wall: float):
+        """A checkpoint: the driver model's state with its exchanged tensors replaced by the joint shards."""
         from mpca.checkpoint import Checkpoint
 
         joints = [j.joint.clone() for j in run.pipeline.joint]
-        scratch = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        # the driver model's exchanged tensors take the joint values; other buffers stay as they are
-        tmp = self.model_fn()
-        tmp.load_state_dict(scratch)
-        bound = run.layout.bind_module(tmp, self.buffers)
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        bound = run.layout.bind([state[name] for name, _, _ in specs])
         for s, v in enumerate(joints):
             bound.write(s, v)
         return Checkpoint(cycle=cycle, joint=joints, velocity=[j.velocity.clone() for j in run.pipeline.joint],
-                          reductions=[j.reductions for j in run.pipeline.joint],
-                          model_state={k: v.detach().clone() for k, v in tmp.state_dict().items()},
+                          reductions=[j.reductions for j in run.pipeline.joint], model_state=state,
                           layout=specs, shards=self.shards, wall_s=wall)
 
 

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -47,7 +47,6 @@ class AgentSpec:
     seed: int = 0
     idle_timeout_s: float = 300.0
     max_payload: int = 8 * 1024 ** 3
-    extra: Dict[str, Any] = field(default_factory=dict)
 
 
 def load_state(model: torch.nn.Module, state: Dict[str, np.ndarray]) -> None:

@@ -50,7 +50,7 @@ class ExchangePipeline:
         self.wire = np.dtype(str(wire_dtype).replace("torch.", ""))
         self.timeline = timeline or Timeline()
         self.task_timeout_s = task_timeout_s
-        self.executors = max(1, executors)  # corrective jobs over-provision: 2 tasks per executor and missing agent
+        self.executors = max(1, executors)  # for over-provisioned corrective jobs, see spread()
         self.S = len(self.joint)
         self.lag = 2 if self.S >= 3 else 1
         self._staged: Dict[int, _Staged] = {}
@@ -62,6 +62,11 @@ class ExchangePipeline:
         self.job_group = f"mpca-{run_id}-exchange"
 
     # ------------------------------------------------------------------ jobs
+    def spread(self, agents: int, attempt: int = 1) -> int:
+        """Tasks for a job that must reach ``agents`` agents: exactly ``agents`` on a first attempt, otherwise
+        over-provisioned (2 per executor and agent) so that some task lands on every executor."""
+        return agents if attempt == 0 else 2 * agents * self.executors
+
     def _plan(self, token: str, op: str, **kw) -> ExchangePlan:
         return ExchangePlan(self.run_id, self.secret, token, op, wire_dtype=self.wire.name,
                             timeout_s=self.task_timeout_s, **kw)
@@ -82,7 +87,7 @@ class ExchangePipeline:
                 break
             rec.corrections += 1
             log.info("cycle %s: %d task(s) misplaced, correcting for agents %s", plan.token, len(result["misplaced"]), missing)
-            more = self.run_job(plan, 2 * len(missing) * self.executors, bc,
+            more = self.run_job(plan, self.spread(len(missing)), bc,
                                 f"{description} (correction {attempt + 1}: agents {missing})", "correction")
             rec.misplaced += len(more["misplaced"])
             result = merge_records({**result, "misplaced": []}, more)
@@ -167,8 +172,7 @@ class ExchangePipeline:
             if not agent_job_alive():
                 raise RunFailedError("the agent job ended before all agents came up (see the error above)")
             plan = self._plan(f"hello{attempt}", "hello", wait_for_agent_s=10.0)
-            tasks = expected if attempt == 0 else expected * self.executors
-            res = self.run_job(plan, tasks, None, f"mpca: waiting for agents (attempt {attempt})")
+            res = self.run_job(plan, self.spread(expected, attempt), None, f"mpca: waiting for agents (attempt {attempt})")
             for a, e in res["agents"].items():
                 if e.get("error"):
                     raise RunFailedError(f"agent {a} failed: {e['error']}")
@@ -184,8 +188,8 @@ class ExchangePipeline:
             if not left:
                 break
             try:
-                tasks = len(left) * (1 if attempt == 0 else self.executors)
-                res = self.run_job(self._plan(f"stop{attempt}", "stop"), tasks, None, "mpca: stopping agents")
+                res = self.run_job(self._plan(f"stop{attempt}", "stop"), self.spread(len(left), attempt), None,
+                                   "mpca: stopping agents")
             except Exception as e:  # noqa: BLE001 - best effort; the agent job is cancelled afterwards
                 log.warning("stopping agents failed: %s", e)
                 break

@@ -76,8 +76,8 @@ class AgentRun:
     def agent_status(self) -> Dict[int, dict]:
         """Steps and samples of every agent right now (a light control job, no shard moves)."""
         plan = self.pipeline._plan(f"status{time.time()}", "hello")
-        tasks = self.agents * (1 if self.shape.executors == self.agents else 2 * self.shape.executors)
-        res = self.pipeline.run_job(plan, tasks, None, "mpca: agent status")
+        attempt = 0 if self.shape.executors == self.agents else 1  # extra executors: over-provision at once
+        res = self.pipeline.run_job(plan, self.pipeline.spread(self.agents, attempt), None, "mpca: agent status")
         return res["agents"]
 
     def joint_vectors(self) -> List[torch.Tensor]:
