@@ -3,10 +3,11 @@
 A checkpoint is two files in the checkpoint directory (a local path or a
 filesystem URI — ``file://``, ``hdfs://``, ``s3://`` … through pyarrow):
 
-* ``ckpt-<cycle>.pt``: ``torch.save`` of tensors and plain values only (joint
-  shards x̃, trajectories ṽ, reduction counts, the next cycle, the driver's
-  model ``state_dict``), loaded back with ``weights_only=True`` so nothing but
-  tensors is ever unpickled;
+* ``ckpt-<cycle>.pt``: ``torch.save`` of tensors and plain values only (the
+  algorithm's name and its driver rule's ``state_dict`` — for MPCA the joint
+  shards x̃, trajectories ṽ and reduction counts —, the next cycle, the
+  driver's model ``state_dict``), loaded back with ``weights_only=True`` so
+  nothing but tensors is ever unpickled;
 * ``ckpt-<cycle>.json``: its manifest with the SHA-256 of the data file.
 
 Both are written atomically (temporary name, fsync on local disks, rename);
@@ -22,13 +23,14 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+import threading
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from mpca.errors import UserError
 
-FORMAT = 1
+FORMAT = 2
 _NAME = re.compile(r"ckpt-(\d+)\.json$")
 
 
@@ -109,9 +111,8 @@ class _Store:
 @dataclass
 class Checkpoint:
     cycle: int  # the next cycle to run
-    joint: List[torch.Tensor]
-    velocity: List[torch.Tensor]
-    reductions: List[int]
+    algorithm: str
+    driver_state: Dict[str, Any]  # the algorithm's DriverRule.state_dict()
     model_state: Dict[str, torch.Tensor]
     layout: List[Tuple[str, int, str]]  # (name, numel, dtype) of the exchanged tensors
     shards: int
@@ -123,8 +124,8 @@ def save(location: str, ckpt: Checkpoint, keep: int = 3) -> str:
     store = _Store(location)
     store.makedirs()
     buf = io.BytesIO()
-    torch.save({"format": FORMAT, "cycle": ckpt.cycle, "joint": ckpt.joint, "velocity": ckpt.velocity,
-                "reductions": ckpt.reductions, "model_state": ckpt.model_state,
+    torch.save({"format": FORMAT, "cycle": ckpt.cycle, "algorithm": ckpt.algorithm, "driver_state": ckpt.driver_state,
+                "model_state": ckpt.model_state,
                 "layout": [list(x) for x in ckpt.layout], "shards": ckpt.shards, "wall_s": ckpt.wall_s}, buf)
     data = buf.getvalue()
     name = f"ckpt-{ckpt.cycle:08d}"
@@ -149,8 +150,10 @@ def _load(store: _Store, manifest_name: str) -> Optional[Checkpoint]:
     if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
         return None
     state = torch.load(io.BytesIO(data), weights_only=True)
-    return Checkpoint(cycle=int(state["cycle"]), joint=state["joint"], velocity=state["velocity"],
-                      reductions=[int(r) for r in state["reductions"]], model_state=state["model_state"],
+    if state.get("format") != FORMAT:
+        return None  # written by another version of mpca
+    return Checkpoint(cycle=int(state["cycle"]), algorithm=str(state["algorithm"]), driver_state=state["driver_state"],
+                      model_state=state["model_state"],
                       layout=[tuple(x) for x in state["layout"]], shards=int(state["shards"]),
                       wall_s=float(state["wall_s"]), path=store.path(manifest["data"]))
 
@@ -195,3 +198,37 @@ def save_model(path: str, model: torch.nn.Module) -> str:
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
     store.write_atomic(os.path.basename(path), buf.getvalue())
     return path
+
+
+class BackgroundSaver:
+    """Writes checkpoints in a thread (one at a time; a checkpoint due while one is written is skipped)."""
+
+    def __init__(self, location: Optional[str], keep: int):
+        self.location, self.keep = location, keep
+        self._thread: Optional[threading.Thread] = None
+        self.error: Optional[BaseException] = None
+        self.written: List[str] = []
+
+    def write(self, ckpt: Checkpoint) -> None:
+        """Write now, after any checkpoint still being written."""
+        self.close()
+        self.written.append(save(self.location, ckpt, self.keep))
+
+    def submit(self, ckpt: Checkpoint) -> None:
+        if self.error is not None:
+            raise self.error
+        if self._thread is not None and self._thread.is_alive():
+            return
+
+        def work():
+            try:
+                self.written.append(save(self.location, ckpt, self.keep))
+            except BaseException as e:  # noqa: BLE001 - re-raised on the next submit
+                self.error = e
+
+        self._thread = threading.Thread(target=work, name="mpca-checkpoint", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()

@@ -9,9 +9,9 @@ import os
 from typing import Any, Dict, List, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
-from mpca.algorithm import AlphaSchedule, BetaSchedule, GammaSchedule, MPCAHyper
+from mpca.algorithm import Algorithm, build_algorithm
 from mpca.errors import UserError
 
 
@@ -25,21 +25,29 @@ class RunSection(_Strict):
 
 
 class DataSection(_Strict):
-    dataset: Optional[Literal["digits", "mnist5k"]] = Field("digits", description="a bundled dataset")
-    path: Optional[str] = Field(None, description="Parquet file/directory or URI (instead of dataset)")
+    """How the Trainer reads the DataFrame it is given."""
+
     features: str = "features"
     label: str = "label"
-    input_shape: List[int] = Field(default_factory=lambda: [1, 8, 8])
+    input_shape: List[int] = Field(default_factory=list, description="per-row tensor shape; [] keeps it flat")
     holdout: float = Field(0.1, ge=0.0, lt=1.0)
     holdout_max_rows: int = Field(5000, ge=1)
-    partitions: int = Field(4, ge=1)
 
     @field_validator("input_shape")
     @classmethod
     def _shape(cls, v):
-        if not v or any(d < 1 for d in v):
+        if any(d < 1 for d in v):
             raise ValueError("every dimension must be >= 1, e.g. [1, 8, 8]")
         return v
+
+
+class JobDataSection(DataSection):
+    """A job's data: a bundled dataset or a Parquet path."""
+
+    dataset: Optional[Literal["digits", "mnist5k"]] = Field("digits", description="a bundled dataset")
+    path: Optional[str] = Field(None, description="Parquet file/directory or URI (instead of dataset)")
+    input_shape: List[int] = Field(default_factory=lambda: [1, 8, 8])
+    partitions: int = Field(4, ge=1)
 
     @model_validator(mode="after")
     def _source(self):
@@ -66,40 +74,6 @@ class TrainingSection(_Strict):
     use_gpus: Optional[bool] = None
 
 
-class AlphaSection(_Strict):
-    hold_cycles: int = Field(3, ge=0)
-    peak: float = Field(0.5, ge=0.0, le=1.0)
-    decay_cycles: int = Field(20, ge=0)
-    target: float = Field(0.05, ge=0.0, le=1.0)
-
-
-class BetaSection(_Strict):
-    start: float = Field(1.0, gt=0.0, le=1.0)
-    target: float = Field(0.9, gt=0.0, le=1.0)
-    ramp_cycles: int = Field(20, ge=0)
-
-
-class GammaSection(_Strict):
-    start: float = Field(0.0, ge=0.0, le=4.0)
-    target: float = Field(0.7, ge=0.0, le=4.0)
-    ramp_cycles: int = Field(30, ge=0)
-
-
-class AlgorithmSection(_Strict):
-    name: Literal["mpca"] = "mpca"
-    shards: int = Field(3, ge=1)
-    delta: float = Field(0.8, ge=0.0, le=1.0)
-    buffers: Literal["average", "local"] = "average"
-    min_cycle_interval_s: float = Field(0.0, ge=0.0, description="0 = exchange as fast as possible (the paper)")
-    alpha: AlphaSection = Field(default_factory=AlphaSection)
-    beta: BetaSection = Field(default_factory=BetaSection)
-    gamma: GammaSection = Field(default_factory=GammaSection)
-
-    def hyper(self) -> MPCAHyper:
-        return MPCAHyper(alpha=AlphaSchedule(**self.alpha.model_dump()), beta=BetaSchedule(**self.beta.model_dump()),
-                         gamma=GammaSchedule(**self.gamma.model_dump()), delta=self.delta)
-
-
 class StopSection(_Strict):
     max_cycles: Optional[int] = Field(None, ge=1)
     max_seconds: Optional[float] = Field(None, gt=0)
@@ -119,17 +93,26 @@ class EvalSection(_Strict):
 
 
 class CheckpointSection(_Strict):
-    dir: Optional[str] = Field(None, description="local path or URI (file://, hdfs://, s3://); default <output_dir>/checkpoints")
+    dir: Optional[str] = Field(None, description="local path or URI (file://, hdfs://, s3://); jobs: <output_dir>/checkpoints")
     every_cycles: int = Field(20, ge=1)
     keep: int = Field(3, ge=1)
     resume: bool = False
     init_from: Optional[str] = Field(None, description="a previous run's model.pt or checkpoint to start from")
 
+    @model_validator(mode="after")
+    def _resume_needs_dir(self):
+        if self.resume and self.dir is None:
+            raise ValueError("checkpoint.resume needs checkpoint.dir")
+        return self
+
 
 class ClusterSection(_Strict):
-    master: str = Field("local-cluster[2,2,1024]", description="local-cluster[K,C,MB] or 'existing' (spark-submit)")
+    master: str = Field("existing", description="local-cluster[K,C,MB] or 'existing' (the active session)")
     executor_wait_s: float = Field(60.0, gt=0)
     agent_start_timeout_s: float = Field(180.0, gt=0)
+    service_host: Optional[str] = Field(None, description="address executors reach the driver's parameter service "
+                                        "at (default: spark.driver.host)")
+    service_port: int = Field(0, ge=0, le=65535, description="port of the parameter service (0: any free port)")
     conf: Dict[str, str] = Field(default_factory=dict)
 
     @field_validator("master")
@@ -144,24 +127,36 @@ class ClusterSection(_Strict):
         raise ValueError("use 'existing' (the session of spark-submit/the notebook) or local-cluster[K,C,MB]")
 
 
-class JobConfig(_Strict):
-    run: RunSection = Field(default_factory=RunSection)
-    data: DataSection = Field(default_factory=DataSection)
-    model: ModelSection = Field(default_factory=ModelSection)
-    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+class JobClusterSection(ClusterSection):
+    master: str = Field("local-cluster[2,2,1024]", description="local-cluster[K,C,MB] or 'existing' (spark-submit)")
+
+
+class Settings(_Strict):
+    """Everything a training run needs besides the model, loss and optimizer: validated once, passed down whole.
+
+    ``algorithm`` is the chosen algorithm's own typed settings (``name`` picks it, see
+    :mod:`mpca.algorithm.registry`)."""
+
     training: TrainingSection = Field(default_factory=TrainingSection)
-    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    data: DataSection = Field(default_factory=DataSection)
+    algorithm: SerializeAsAny[Algorithm] = Field(default_factory=lambda: build_algorithm("mpca"))
     stop: StopSection = Field(default_factory=lambda: StopSection(max_cycles=100))
     eval: EvalSection = Field(default_factory=EvalSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
-    progress: Literal["auto", "bar", "log", "off"] = "auto"
+    progress: Literal["auto", "bar", "log", "off"] = "off"
     seed: int = 0
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _algorithm(cls, v):
+        return build_algorithm(v)
 
     @model_validator(mode="after")
     def _fits(self):
         import re
 
+        self.algorithm.check_agents(self.training.agents)
         m = re.fullmatch(r"local-cluster\[(\d+),(\d+),(\d+)\]", self.cluster.master)
         if m:
             execs, cores = int(m.group(1)), int(m.group(2))
@@ -173,16 +168,91 @@ class JobConfig(_Strict):
         return self
 
 
+class JobConfig(Settings):
+    """A job: the run's settings plus what the CLI builds itself (output, data source, model, optimizer)."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    data: JobDataSection = Field(default_factory=JobDataSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    cluster: JobClusterSection = Field(default_factory=JobClusterSection)
+    progress: Literal["auto", "bar", "log", "off"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checkpoints_beside_outputs(cls, data):
+        """A job's checkpoints go to ``<run.output_dir>/checkpoints`` unless ``checkpoint.dir`` says otherwise."""
+        if isinstance(data, dict):
+            ck = data.get("checkpoint")
+            if ck is None or (isinstance(ck, dict) and ck.get("dir") is None):
+                out = (data.get("run") or {}).get("output_dir", RunSection().output_dir)
+                data = {**data, "checkpoint": {**(ck or {}), "dir": os.path.join(str(out), "checkpoints")}}
+        return data
+
+
+# Trainer keyword → settings key: the friendly flat API over the one settings object
+SHORTCUTS = {
+    "agents": "training.agents", "batch_size": "training.batch_size", "use_gpus": "training.use_gpus",
+    "features": "data.features", "label": "data.label", "input_shape": "data.input_shape",
+    "holdout": "data.holdout", "holdout_max_rows": "data.holdout_max_rows",
+    "shards": "algorithm.shards", "buffers": "algorithm.buffers", "min_cycle_interval_s": "algorithm.min_cycle_interval_s",
+    "max_cycles": "stop.max_cycles", "max_seconds": "stop.max_seconds", "max_epochs": "stop.max_epochs",
+    "target_error": "stop.target_error", "eval_every_cycles": "eval.every_cycles",
+    "eval_every_seconds": "eval.every_seconds", "checkpoint_dir": "checkpoint.dir",
+    "checkpoint_every": "checkpoint.every_cycles", "checkpoint_keep": "checkpoint.keep",
+    "resume": "checkpoint.resume", "init_from": "checkpoint.init_from",
+    "executor_wait_s": "cluster.executor_wait_s", "agent_start_timeout_s": "cluster.agent_start_timeout_s",
+    "service_host": "cluster.service_host", "service_port": "cluster.service_port",
+}
+
+
+def settings_from(base: Optional[Settings] = None, **options) -> Settings:
+    """``base`` (or the defaults) with ``options`` applied: a section name (``stop={...}``), ``algorithm``
+    (a name, a mapping or an :class:`Algorithm`) or a shortcut (``agents=2``, ``max_cycles=30``, see
+    :data:`SHORTCUTS`).  Raises :class:`UserError` naming the bad key."""
+    data: Dict[str, Any] = base.model_dump() if base is not None else {}
+    if base is not None:
+        data["algorithm"] = base.algorithm.model_dump()
+    stop_given = False
+    for key, value in options.items():
+        if key == "algorithm":
+            if isinstance(value, Algorithm):
+                value = value.model_dump()
+            elif isinstance(value, str):
+                value = {"name": value}
+            algo = data.get("algorithm") or {}
+            if isinstance(value, dict) and value.get("name", algo.get("name")) != algo.get("name"):
+                algo = {k: v for k, v in algo.items() if k in ("buffers", "min_cycle_interval_s")}
+            data["algorithm"] = {**algo, **value}
+        elif key in SHORTCUTS:
+            section, name = SHORTCUTS[key].split(".")
+            data.setdefault(section, {})[name] = value
+            stop_given = stop_given or section == "stop"
+        elif key in Settings.model_fields:
+            data[key] = value.model_dump() if isinstance(value, BaseModel) else value
+            stop_given = stop_given or key == "stop"
+        else:
+            raise UserError(f"unknown option {key!r}; use a settings section or one of {', '.join(sorted(SHORTCUTS))}")
+    if base is None and not stop_given:
+        data.setdefault("stop", {"max_cycles": 100})
+    cls = type(base) if base is not None else Settings
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise UserError(_format_error(e)) from None
+
+
 def _format_error(e: ValidationError) -> str:
     err = e.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
     msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
+    if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         return f"unknown configuration key '{loc}': remove it or check its spelling"
     if err["type"] == "literal_error":
         return f"configuration key '{loc}': {msg} (got {err.get('input')!r})"
     where = f"configuration key '{loc}'" if loc else "configuration"
-    return f"{where}: {msg} (got {err.get('input')!r})" if loc else f"{where}: {msg}"
+    got = repr(err.get("input"))
+    return f"{where}: {msg} (got {got})" if loc and len(got) <= 60 else f"{where}: {msg}"
 
 
 def _parse_value(text: str):

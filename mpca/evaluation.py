@@ -1,7 +1,11 @@
-"""Holdout evaluation of the joint model on the driver."""
+"""Holdout evaluation of the joint model on the driver, inline or in a background thread."""
 from __future__ import annotations
 
+import copy
+import threading
+import time
 from dataclasses import dataclass
+from typing import Dict, List, Optional
 
 import torch
 
@@ -27,3 +31,70 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn, 
             wrong += int((out.argmax(dim=1) != yb).sum())
     n = x.shape[0]
     return EvalResult(wrong / n if classify else float("nan"), loss_sum / n)
+
+
+class BackgroundEvaluator:
+    """Evaluates snapshots of the joint model in a thread, so the pipeline never waits for it.
+
+    :meth:`submit` takes a snapshot (skipped while the previous one is still being evaluated);
+    :meth:`drain` returns the finished history rows, each with the snapshot it scored under
+    ``"_snapshot"`` (the trainer keeps the one that met the target)."""
+
+    def __init__(self, model: torch.nn.Module, bound, buffers: str, hx: torch.Tensor, hy: torch.Tensor, loss_fn):
+        self.model = copy.deepcopy(model)
+        self.bound = bound.layout.bind_module(self.model, buffers)
+        self.hx, self.hy, self.loss_fn = hx, hy, loss_fn
+        self._lock = threading.Lock()
+        self._ready: List[dict] = []
+        self._busy = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._last_samples: Dict[int, tuple] = {}
+        self.samples_per_s: Optional[float] = None
+
+    def _rates(self, reports) -> Dict[int, float]:
+        """Samples/s of each agent since the previous snapshot."""
+        now, sps = time.time(), {}
+        for a, r in reports.items():
+            if r.samples is None:
+                continue
+            prev = self._last_samples.get(a)
+            if prev is not None and now > prev[0]:
+                sps[a] = (r.samples - prev[1]) / (now - prev[0])
+            self._last_samples[a] = (now, r.samples)
+        if sps:
+            self.samples_per_s = float(sum(sps.values()))
+        return sps
+
+    def submit(self, joints, cycle: int, wall: float, reports, epochs: float = float("nan")) -> None:
+        if self._busy.is_set():
+            return  # previous evaluation still running: skip rather than stall
+        snap = [j.clone() for j in joints]
+        weights = {a: r.weight for a, r in reports.items()}
+        rates = {a: r.steps_per_s for a, r in reports.items()}
+        sps = self._rates(reports)
+        self._busy.set()
+
+        def work():
+            try:
+                for s, v in enumerate(snap):
+                    self.bound.write(s, v)
+                r = evaluate(self.model, self.hx, self.hy, self.loss_fn)
+                row = {"wall_s": wall, "cycle": cycle + 1, "holdout_error": r.error, "holdout_loss": r.loss,
+                       "samples_per_s": float(sum(sps.values())) if sps else float("nan"), "epochs": epochs,
+                       "weight": weights, "agent_steps_per_s": rates, "agent_samples_per_s": sps, "_snapshot": snap}
+                with self._lock:
+                    self._ready.append(row)
+            finally:
+                self._busy.clear()
+
+        self._thread = threading.Thread(target=work, name="mpca-eval", daemon=True)
+        self._thread.start()
+
+    def drain(self) -> List[dict]:
+        with self._lock:
+            out, self._ready = self._ready, []
+        return out
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join(30)

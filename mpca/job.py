@@ -95,7 +95,7 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
     out = cfg.run.output_dir
     _check_output_dir(out)
     check_model_name(cfg.model.name, cfg.model.args)
-    ckpt_dir = cfg.checkpoint.dir or os.path.join(out, "checkpoints")
+    ckpt_dir = cfg.checkpoint.dir
     own_session = False
     if spark is None:
         spark, own_session = _session(cfg)
@@ -105,18 +105,7 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
         model_fn = functools.partial(build_model, cfg.model.name, dict(cfg.model.args))
         opt = cfg.optimizer
         optimizer_fn = functools.partial(build_optimizer, opt.name, opt.lr, opt.momentum, opt.weight_decay)
-        trainer = Trainer(
-            model_fn, cross_entropy, optimizer_fn, agents=cfg.training.agents, shards=cfg.algorithm.shards,
-            hyper=cfg.algorithm.hyper(), batch_size=cfg.training.batch_size, input_shape=cfg.data.input_shape,
-            features=cfg.data.features, label=cfg.data.label, buffers=cfg.algorithm.buffers,
-            holdout=cfg.data.holdout, eval_every_cycles=cfg.eval.every_cycles or 10 ** 9,
-            eval_every_seconds=cfg.eval.every_seconds, max_cycles=cfg.stop.max_cycles,
-            max_seconds=cfg.stop.max_seconds, max_epochs=cfg.stop.max_epochs, target_error=cfg.stop.target_error,
-            use_gpus=cfg.training.use_gpus, seed=cfg.seed, executor_wait_s=cfg.cluster.executor_wait_s,
-            agent_start_timeout_s=cfg.cluster.agent_start_timeout_s, checkpoint_dir=ckpt_dir,
-            checkpoint_every=cfg.checkpoint.every_cycles, checkpoint_keep=cfg.checkpoint.keep,
-            resume=cfg.checkpoint.resume, init_from=cfg.checkpoint.init_from, progress=cfg.progress, spark=spark,
-            holdout_max_rows=cfg.data.holdout_max_rows, min_cycle_interval_s=cfg.algorithm.min_cycle_interval_s)
+        trainer = Trainer(model_fn, cross_entropy, optimizer_fn, cfg, spark=spark)  # the settings, passed down whole
         fit = trainer.fit(df)
     finally:
         if own_session:
@@ -144,7 +133,7 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
         "exit_code": code, "stop_reason": fit.stop_reason, "final_holdout_error": fit.final.error,
         "final_holdout_loss": fit.final.loss, "target_error": target, "wall_s": fit.wall_s,
         "job_wall_s": time.time() - t0, "cycles": fit.cycles, "first_cycle": fit.extra.get("first_cycle", 0),
-        "agents": cfg.training.agents, "layout": fit.extra["layout"],
+        "agents": cfg.training.agents, "algorithm": cfg.algorithm.name, "layout": fit.extra["layout"],
         "paths": {"model": model_path, "history": hist_path, "plot": plot_path, "timeline": timeline_path,
                   "checkpoints": ckpt_dir, "summary": os.path.join(out, "summary.json")},
     }

@@ -8,12 +8,20 @@ from typing import Optional
 def write_history_csv(history, path: str) -> str:
     cols = [c for c in ("wall_s", "cycle", "holdout_error", "holdout_loss", "samples_per_s", "epochs") if c in history]
     out = history[cols].copy()
-    extra = [c for c in ("tau", "agent_samples_per_s") if c in history]
+    extra = [c for c in ("weight", "agent_samples_per_s") if c in history]
     for c in extra:
-        out[c] = history[c].map(lambda d: ";".join(f"{k}:{v:.1f}" if isinstance(v, float) else f"{k}:{v}"
-                                                   for k, v in sorted((d or {}).items())))
+        out[c] = history[c].map(_per_agent)
     out.to_csv(path, index=False)
     return path
+
+
+def _per_agent(d) -> str:
+    """``{agent: value}`` as ``0:12.0;1:9.5`` (rows read back from an earlier CSV are kept as they are)."""
+    if isinstance(d, str):
+        return d
+    if not isinstance(d, dict):
+        return ""
+    return ";".join(f"{k}:{v:.1f}" if isinstance(v, float) else f"{k}:{v}" for k, v in sorted(d.items()))
 
 
 def plot_history(history, path: str, title: str = "MPCA SGD", target: Optional[float] = None) -> str:

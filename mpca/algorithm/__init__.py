@@ -1,5 +1,13 @@
-"""The pure algorithm: sharding, update rules and schedules (no Spark, no I/O)."""
+"""The pure algorithms: sharding, update rules, schedules and one module per algorithm (no Spark, no I/O).
+
+Importing this package registers the built-in algorithms: ``mpca`` (default), ``single``, ``sync``,
+``easgd``, ``diloco`` and ``ddp`` (see :mod:`mpca.algorithm.base` for the seam they share).
+"""
+from mpca.algorithm.base import AgentContext, AgentRule, Algorithm, DriverRule
 from mpca.algorithm.joint import JointShard, MPCAHyper
+from mpca.algorithm.registry import build as build_algorithm
+from mpca.algorithm.registry import names as algorithm_names
+from mpca.algorithm.registry import register
 from mpca.algorithm.rules import (
     WeightedSum,
     blend,
@@ -8,6 +16,7 @@ from mpca.algorithm.rules import (
     extrapolate,
     finish_reduction,
     model_average,
+    nesterov_outer_step,
     reduction_weights,
     tau_weighted_reduce,
     trajectory,
@@ -15,8 +24,14 @@ from mpca.algorithm.rules import (
 from mpca.algorithm.schedules import AlphaSchedule, BetaSchedule, GammaSchedule
 from mpca.algorithm.sharding import BoundShards, Segment, ShardLayout, TensorSpec, exchanged_tensors
 
+# the built-in algorithms register themselves on import
+from mpca.algorithm import mpca as _mpca, single as _single, sync as _sync  # noqa: E402,F401  isort: skip
+from mpca.algorithm import easgd as _easgd, diloco as _diloco, ddp as _ddp  # noqa: E402,F401  isort: skip
+
 __all__ = [
-    "AlphaSchedule", "BetaSchedule", "BoundShards", "GammaSchedule", "JointShard", "MPCAHyper", "Segment",
-    "ShardLayout", "TensorSpec", "WeightedSum", "blend", "easgd_exchange_", "elastic_pull_", "exchanged_tensors",
-    "extrapolate", "finish_reduction", "model_average", "reduction_weights", "tau_weighted_reduce", "trajectory",
+    "AgentContext", "AgentRule", "Algorithm", "AlphaSchedule", "BetaSchedule", "BoundShards", "DriverRule",
+    "GammaSchedule", "JointShard", "MPCAHyper", "Segment", "ShardLayout", "TensorSpec", "WeightedSum",
+    "algorithm_names", "blend", "build_algorithm", "easgd_exchange_", "elastic_pull_", "exchanged_tensors",
+    "extrapolate", "finish_reduction", "model_average", "nesterov_outer_step", "reduction_weights", "register",
+    "tau_weighted_reduce", "trajectory",
 ]

@@ -140,3 +140,21 @@ def easgd_exchange_(local: Sequence[torch.Tensor], center: Sequence[torch.Tensor
     torch._foreach_mul_(diffs, alpha)
     torch._foreach_sub_(list(local), diffs)
     torch._foreach_add_(list(center), diffs)
+
+
+# --------------------------------------------------------------------------- DiLoCo
+@torch.no_grad()
+def nesterov_outer_step(joint: torch.Tensor, grad: torch.Tensor, momentum_buf: Optional[torch.Tensor], lr: float,
+                        momentum: float) -> tuple:
+    """DiLoCo's outer step (Douillard et al. 2023): SGD with Nesterov momentum on the averaged pseudo-gradient
+    Δ = x̃ − mean_i(x_i), as ``torch.optim.SGD(nesterov=True, dampening=0)`` computes it:
+
+    b ← μ b + Δ (b = Δ on the first step);  x̃ ← x̃ − lr (Δ + μ b).  Returns (new x̃, new b).
+    """
+    if lr <= 0:
+        raise ValueError(f"outer lr must be > 0, got {lr}")
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"outer momentum must lie in [0, 1), got {momentum}")
+    grad = grad.to(joint.dtype)
+    buf = grad.clone() if momentum_buf is None else momentum_buf * momentum + grad
+    return joint - (grad + buf * momentum) * lr, buf

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from mpca.algorithm import AlphaSchedule, MPCAHyper
+from mpca.algorithm import AlphaSchedule
+from mpca.config import settings_from
 
 
 class ComputeHeavyMLP(nn.Module):
@@ -64,7 +65,7 @@ def sgd(params):
 
 
 def _steps(run) -> dict:
-    return {a: e["steps"] for a, e in run.agent_status().items()}
+    return {a: e.steps for a, e in run.agent_status().items()}
 
 
 def overhead(spark, agents: int, window: float, repeats: int, interval: float = 0.0) -> dict:
@@ -72,10 +73,11 @@ def overhead(spark, agents: int, window: float, repeats: int, interval: float = 
     from mpca.runtime.run import AgentRun
 
     df = dataset_dataframe(spark, "digits")
-    hyper = MPCAHyper(alpha=AlphaSchedule.constant(0.05))
+    settings = settings_from(agents=agents, algorithm={"name": "mpca", "alpha": AlphaSchedule.constant(0.05)},
+                             batch_size=512, input_shape=(64,))
     on, off, cycles = [], [], []
     with AgentRun(spark, df, model=compute_heavy(), model_fn=compute_heavy, loss_fn=cross_entropy, optimizer_fn=sgd,
-                  agents=agents, hyper=hyper, batch_size=512, input_shape=(64,)) as run:
+                  settings=settings) as run:
         c = 0
         time.sleep(2)  # let the agents reach their steady speed
         for _ in range(repeats):
@@ -105,8 +107,8 @@ def cycle_time(spark, shard_mb: float, agents: int, cycles: int) -> dict:
     df = to_dataframe(spark, rng.random((256, 10), dtype=np.float32), rng.integers(0, 10, 256), agents)
     fn = flat_model_fn(numel)
     times = []
-    with AgentRun(spark, df, model=fn(), model_fn=fn, loss_fn=cross_entropy, optimizer_fn=sgd, agents=agents,
-                  batch_size=32, input_shape=(10,), agent_start_timeout_s=600) as run:
+    settings = settings_from(agents=agents, batch_size=32, input_shape=(10,), agent_start_timeout_s=600)
+    with AgentRun(spark, df, model=fn(), model_fn=fn, loss_fn=cross_entropy, optimizer_fn=sgd, settings=settings) as run:
         for c in range(cycles):
             rec = run.cycle(c)
             times.append(rec.t_end - rec.t_submit)

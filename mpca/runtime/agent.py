@@ -1,13 +1,10 @@
 """The agent: a long-lived Spark task that trains a local replica at full speed (§5.1).
 
-One agent per GPU (or per CPU slot) holds its Spark task for the whole run.
-Its training loop applies the elastic pull of Eq. 7 toward the latest
-projected joint shards before every gradient step and counts, per shard, the
-steps τ made since that shard was last yielded for a reduction (Eq. 9's
-weights).  A server thread answers the exchange tasks of its executor over the
-authenticated local channel (:mod:`mpca.runtime.channel`): it hands out shard
-snapshots with their τ (the YieldContext) and takes in broadcast shards (the
-Future), without stopping the training loop for longer than one step.
+One agent per GPU (or per CPU slot) holds its Spark task for the whole run.  Its training loop calls the
+algorithm's agent rule (:class:`mpca.algorithm.AgentRule`) around every step.  A server thread answers
+the exchange tasks of its executor over the authenticated local channel (:mod:`mpca.runtime.channel`):
+it hands out shard snapshots with the rule's weight (the YieldContext) and takes in broadcast shards
+(the Future), without stopping the training loop for longer than one step.
 """
 from __future__ import annotations
 
@@ -17,15 +14,16 @@ import os
 import threading
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
-from mpca.algorithm import ShardLayout, elastic_pull_
+from mpca.algorithm import AgentContext, AgentRule, ShardLayout
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError, listen
+from mpca.runtime.reports import AgentReport
 
 log = logging.getLogger("mpca.agent")
 
@@ -41,12 +39,16 @@ class AgentSpec:
     optimizer_fn: Callable[[Any], torch.optim.Optimizer]
     layout: ShardLayout
     init_state: Dict[str, np.ndarray]
+    rule_factory: Callable[[AgentContext], AgentRule] = AgentRule  # the algorithm's agent side
+    agents: int = 1
     buffers: str = "average"
     batch_size: int = 64
     input_shape: tuple = ()
     seed: int = 0
     idle_timeout_s: float = 300.0
     max_payload: int = 8 * 1024 ** 3
+    service: Optional[Tuple[str, int]] = None  # the driver's parameter service, for agent-initiated algorithms
+    rendezvous: Dict[str, Any] = field(default_factory=dict)
 
 
 def load_state(model: torch.nn.Module, state: Dict[str, np.ndarray]) -> None:
@@ -68,6 +70,8 @@ def choose_device(gpu_addresses: List[str]) -> torch.device:
 
 
 class Agent:
+    """A local replica, its training loop, and the algorithm's agent rule called around every step."""
+
     def __init__(self, spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
                  gpu_addresses: Optional[List[str]] = None):
         self.spec = spec
@@ -82,13 +86,7 @@ class Agent:
         self.shards = spec.layout.bind_module(self.model, spec.buffers)
         self.features = features.to(self.device)
         self.labels = labels.to(self.device)
-        S = spec.layout.num_shards
         self.lock = threading.Lock()
-        self.tau = [0] * S
-        self.targets: List[Optional[List[torch.Tensor]]] = [None] * S
-        self.alpha = 0.0
-        self._pull_views: List[torch.Tensor] = []
-        self._pull_targets: List[torch.Tensor] = []
         self.steps = 0
         self.samples = 0
         self.last_loss = float("nan")
@@ -99,26 +97,41 @@ class Agent:
         self.started = time.time()
         self._rate_mark = (time.time(), 0)
         self.executor = placement.executor_id()
+        self.service = None
+        if spec.service is not None:
+            from mpca.runtime.service import ServiceClient
+
+            host, port = spec.service
+            self.service = ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload)
+        ctx = AgentContext(agent_id=agent_id, agents=spec.agents, model=self.model, optimizer=self.optimizer,
+                           shards=self.shards, device=self.device, rows=int(features.shape[0]), service=self.service,
+                           rendezvous=dict(spec.rendezvous), lock=self.lock, stats=self._counters,
+                           stopping=lambda: self.stop_requested)
+        self.rule: AgentRule = spec.rule_factory(ctx)
 
     # ------------------------------------------------------------------ training
+    def _should_stop(self) -> bool:
+        return self.rule.should_stop(self.stop_requested)
+
     def train_forever(self) -> None:
         n = self.features.shape[0]
         gen = torch.Generator().manual_seed(self.spec.seed + 7919 * self.id)
         bs = self.spec.batch_size
         self.model.train()
         try:
-            while not self.stop_requested:
-                if n == 0:  # an empty partition: nothing to learn from, contribute τ = 0
+            while not self._should_stop():
+                if n == 0:  # an empty partition: nothing to learn from, contribute weight 0
                     time.sleep(0.05)
                     if time.time() - self.last_contact > self.spec.idle_timeout_s:
                         break
                     continue
                 order = torch.randperm(n, generator=gen).to(self.device)  # reshuffled every epoch
                 for lo in range(0, n, bs):
-                    if self.stop_requested:
+                    if self._should_stop():
                         break
                     idx = order[lo:lo + bs]
                     self.step(self.features[idx], self.labels[idx])
+                    self.rule.between_steps()
                 if time.time() - self.last_contact > self.spec.idle_timeout_s:
                     self.error = f"agent {self.id}: no exchange for {self.spec.idle_timeout_s:.0f}s; driver presumed gone"
                     break
@@ -127,66 +140,67 @@ class Agent:
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         with self.lock:
-            if self.alpha > 0 and self._pull_views:
-                elastic_pull_(self._pull_views, self._pull_targets, self.alpha)  # Eq. 7, before the gradient
+            self.rule.before_step()
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.spec.loss_fn(self.model(x), y)
             loss.backward()
+            self.rule.after_backward()
             self.optimizer.step()
-            for s in range(len(self.tau)):
-                self.tau[s] += 1
+            self.rule.after_step()
             self.steps += 1
             self.samples += int(x.shape[0])
             if self.steps % 10 == 0:
                 self.last_loss = float(loss.detach())
+        if self.service is not None:
+            self.last_contact = time.time()  # agent-initiated: a dead driver fails the next service request
 
     # ------------------------------------------------------------------ exchange
-    def _status(self) -> dict:
-        return {"agent": self.id, "executor": self.executor, "pid": os.getpid(), "device": str(self.device),
-                "gpu": self.gpu_addresses, "steps": self.steps, "samples": self.samples,
-                "rows": int(self.features.shape[0]), "error": self.error}
+    def _counters(self) -> dict:
+        now = time.time()
+        t0, s0 = self._rate_mark
+        rate = (self.steps - s0) / (now - t0) if now > t0 else 0.0
+        self._rate_mark = (now, self.steps)
+        return {"steps": self.steps, "samples": self.samples, "loss": self.last_loss, "steps_per_s": rate}
+
+    def report(self, **kw) -> AgentReport:
+        return AgentReport(agent=self.id, executor=self.executor, pid=os.getpid(), device=str(self.device),
+                           gpu=self.gpu_addresses, rows=int(self.features.shape[0]), steps=self.steps,
+                           samples=self.samples, error=self.error, **kw)
 
     def handle(self, header: dict, payload: bytearray):
         op = header.get("op")
         self.last_contact = time.time()
         if op == "hello":
-            return self._status(), None
+            return self.report().to_dict(), None
         if op == "claim":
             token = str(header["token"])
             with self.lock:
                 if self.claimed_token == token:
                     return {"ok": False, "agent": self.id}, None
                 self.claimed_token = token
-            return {"ok": True, **self._status()}, None
+            return {"ok": True, **self.report().to_dict()}, None
+        params = header.get("params") or {}
         if op == "deliver":
             s = int(header["shard"])
             vec = torch.from_numpy(np.frombuffer(payload, dtype=_np_dtype(self.spec.layout.wire_dtype)))
             pieces = self.shards.split(s, vec)  # conversion and host→device copy outside the lock
             with self.lock:
-                self.targets[s] = pieces
-                self.alpha = float(header["alpha"])
-                # one fused pull over every shard that has a target (rebuilt here, not in the step loop)
-                have = [i for i, t in enumerate(self.targets) if t is not None]
-                self._pull_views = [v for i in have for v in self.shards.views(i)]
-                self._pull_targets = [t for i in have for t in self.targets[i]]
+                self.rule.receive(s, pieces, params)
             return {"ok": True}, None
         if op == "yield":
             s = int(header["shard"])
+            if not 0 <= s < self.spec.layout.num_shards:
+                raise ValueError(f"no shard {s}")
+            self.rule.yield_ready(s, params, float(header.get("timeout_s", 120.0)))
             with self.lock:  # materialize the shard between two steps
-                vec = self.shards.read(s)
-                tau = self.tau[s]
-                self.tau[s] = 0
-                steps, samples = self.steps, self.samples
-            now = time.time()
-            t0, s0 = self._rate_mark
-            self._rate_mark = (now, steps)
-            rate = (steps - s0) / (now - t0) if now > t0 else 0.0
-            return ({"tau": tau, "steps": steps, "samples": samples, "steps_per_s": rate,
-                     "loss": self.last_loss, "error": self.error, "agent": self.id, "executor": self.executor},
-                    vec.numpy().tobytes())
+                vec, weight, extra = self.rule.contribution(s, params)
+                counters = self._counters()
+            rep = self.report(weight=float(weight), extra=extra, steps_per_s=counters["steps_per_s"],
+                              loss=counters["loss"])
+            return rep.to_dict(), vec.numpy().tobytes()
         if op == "stop":
             self.stop_requested = True
-            return {"ok": True, **self._status()}, None
+            return {"ok": True, **self.report().to_dict()}, None
         return {"error": f"unknown op {op!r}"}, None
 
     def serve(self, srv) -> None:
@@ -205,7 +219,7 @@ class Agent:
                 header, payload = ch.recv()
                 try:
                     reply, body = self.handle(header, payload)
-                except (ValueError, KeyError, TypeError) as e:  # a malformed request gets an error reply
+                except (ValueError, KeyError, TypeError, IndexError, TimeoutError) as e:  # answered, not fatal
                     reply, body = {"error": f"bad request {header.get('op')!r}: {e!r}"}, None
                 ch.send(reply, body)
         except (ChannelError, OSError) as e:
@@ -215,7 +229,14 @@ class Agent:
             conn.close()
 
     def summary(self) -> dict:
-        return {**self._status(), "wall_s": time.time() - self.started}
+        return {**self.report().to_dict(), "wall_s": time.time() - self.started}
+
+    def close(self) -> None:
+        try:
+            self.rule.close()
+        finally:
+            if self.service is not None:
+                self.service.close()
 
 
 def _np_dtype(dtype: torch.dtype):
@@ -239,7 +260,7 @@ def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: to
         return {"agent": agent_id, "executor": placement.executor_id(),
                 "error": f"agent {agent_id}: executor slot {slot} already holds an agent of this run"}
     sock_path = placement.agent_socket(spec.run_id, agent_id)
-    srv = None
+    srv = agent = None
     try:
         agent = Agent(spec, agent_id, features, labels, gpu_addresses)
         srv = listen(sock_path)
@@ -254,6 +275,8 @@ def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: to
         server.join(timeout=2)
         return agent.summary()
     finally:
+        if agent is not None:
+            agent.close()
         if srv is not None:
             srv.close()
         for p in (sock_path,):

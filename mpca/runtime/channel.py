@@ -32,6 +32,11 @@ class ChannelError(ConnectionError):
     """The peer broke the protocol: wrong secret, oversized or malformed message, early close."""
 
 
+class FrameError(ChannelError):
+    """The peer announced or sent a frame this side refuses (oversized or malformed), as
+    opposed to an early close; the stream can no longer be trusted and must be dropped."""
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     buf = bytearray(n)
     view = memoryview(buf)
@@ -74,6 +79,27 @@ class Channel:
         sock.settimeout(timeout)
         try:
             sock.connect(path)
+        except BaseException:
+            sock.close()
+            raise
+        return cls._authenticate_client(sock, secret, max_payload)
+
+    @classmethod
+    def connect_tcp(cls, host: str, port: int, secret: bytes, timeout: float = 10.0,
+                    max_payload: int = DEFAULT_MAX_PAYLOAD) -> "Channel":
+        """Connect over TCP (Nagle off) and authenticate exactly as :meth:`connect` does."""
+        sock = socket.create_connection((host, port), timeout=timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except BaseException:
+            sock.close()
+            raise
+        return cls._authenticate_client(sock, secret, max_payload)
+
+    @classmethod
+    def _authenticate_client(cls, sock: socket.socket, secret: bytes, max_payload: int) -> "Channel":
+        """Run the client side of the handshake on a connected socket; close it on failure."""
+        try:
             ch = cls(sock, max_payload)
             ch._handshake(secret, b"client", b"server")
         except BaseException:
@@ -101,15 +127,15 @@ class Channel:
         self.sock.settimeout(timeout)
         hlen, plen = PREFIX.unpack(bytes(_recv_exact(self.sock, PREFIX.size)))
         if hlen > MAX_HEADER:
-            raise ChannelError(f"refusing a header of {hlen} bytes (limit {MAX_HEADER})")
+            raise FrameError(f"refusing a header of {hlen} bytes (limit {MAX_HEADER})")
         if plen > self.max_payload:
-            raise ChannelError(f"refusing a payload of {plen} bytes (limit {self.max_payload})")
+            raise FrameError(f"refusing a payload of {plen} bytes (limit {self.max_payload})")
         try:
             header = json.loads(bytes(_recv_exact(self.sock, hlen)).decode())
         except (UnicodeDecodeError, ValueError) as e:
-            raise ChannelError(f"malformed header: {e}") from None
+            raise FrameError(f"malformed header: {e}") from None
         if not isinstance(header, dict):
-            raise ChannelError("malformed header: not a JSON object")
+            raise FrameError("malformed header: not a JSON object")
         payload = _recv_exact(self.sock, plen) if plen else bytearray()
         return header, payload
 
@@ -138,4 +164,23 @@ def listen(path: str) -> socket.socket:
         os.umask(old)
     os.chmod(path, 0o600)
     srv.listen(64)
+    return srv
+
+
+def listen_tcp(host: str, port: int, backlog: int = 64) -> socket.socket:
+    """A listening TCP socket on ``(host, port)`` (``port=0``: any free port), SO_REUSEADDR on.
+
+    Unlike :func:`listen`, the file system gives no protection here: every connection
+    must go through :meth:`Channel.accept`, whose handshake is the only access control.
+    """
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    srv = socket.socket(family, kind, proto)
+    try:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(addr)
+        srv.listen(backlog)
+    except BaseException:
+        srv.close()
+        raise
     return srv

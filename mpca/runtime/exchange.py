@@ -6,8 +6,9 @@ Running beside its agent on the same executor, the task
    one claim per cycle, so it can never be counted twice);
 2. starts handing the new broadcast shard to the agent in the background (the
    paper's Future: the agent integrates it without stopping its training);
-3. yields the agent's local shard with its τ only when Spark's treeReduce asks
-   for it (the paper's YieldContext), as a partial of Eq. 9.
+3. yields the agent's local shard with the weight its algorithm's agent rule
+   gives it (MPCA: τ) only when Spark's treeReduce asks for it (the paper's
+   YieldContext), as a partial of Eq. 9.
 
 A task that finds no unclaimed agent on its executor reports itself
 ``misplaced``; the driver then runs a corrective job for the agents it is
@@ -26,6 +27,7 @@ import numpy as np
 from mpca.algorithm.rules import WeightedSum
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError
+from mpca.runtime.reports import AgentReport
 
 
 EXCHANGE_NICENESS = 10
@@ -41,7 +43,7 @@ class ExchangePlan:
     op: str  # "cycle" | "hello" | "stop"
     reduce_shard: Optional[int] = None
     bcast_shard: Optional[int] = None
-    alpha: float = 0.0
+    params: Optional[Dict[str, Any]] = None  # the algorithm's cycle parameters (JSON), sent with deliver and yield
     wire_dtype: str = "float32"
     timeout_s: float = 120.0
     wait_for_agent_s: float = 0.0  # how long to wait for an agent socket to appear (agents still starting)
@@ -82,22 +84,22 @@ def _claim(plan: ExchangePlan):
         time.sleep(0.2)  # the agent may still be loading its data
 
 
-def _deliver(plan: ExchangePlan, path: str, bcast, entry: Dict[str, Any]) -> None:
+def _deliver(plan: ExchangePlan, path: str, bcast, entry: AgentReport) -> None:
     """Background receive of the broadcast shard and hand-off to the agent (the Future)."""
     try:
         vec = np.frombuffer(bcast.value, dtype=plan.wire_dtype)
-        entry["t_bc_loaded"] = time.time()
+        entry.t_bc_loaded = time.time()
         ch = Channel.connect(path, plan.secret, timeout=plan.timeout_s)
         try:
-            header, _ = ch.request({"op": "deliver", "shard": plan.bcast_shard, "alpha": plan.alpha},
+            header, _ = ch.request({"op": "deliver", "shard": plan.bcast_shard, "params": plan.params or {}},
                                    memoryview(vec), timeout=plan.timeout_s)
         finally:
             ch.close()
         if not header.get("ok"):
-            entry["error"] = f"deliver refused: {header}"
-        entry["t_bc"] = time.time()
+            entry.error = f"deliver refused: {header}"
+        entry.t_bc = time.time()
     except Exception as e:  # reported to the driver, which fails the run with this message
-        entry["error"] = f"broadcast hand-off failed: {e!r}"
+        entry.error = f"broadcast hand-off failed: {e!r}"
 
 
 def _run_niced(fn, *args):
@@ -139,29 +141,30 @@ def _exchange(plan: ExchangePlan, bcast) -> Dict[str, Any]:
     if ch is None:
         rec["misplaced"].append(placement.executor_id())
         return rec
-    agent = int(info["agent"])
-    entry: Dict[str, Any] = {"executor": info.get("executor"), "t_start": t_start, "error": info.get("error"),
-                             "device": info.get("device"), "gpu": info.get("gpu"), "rows": info.get("rows"),
-                             "steps": info.get("steps"), "samples": info.get("samples")}
+    entry = AgentReport.from_dict(info)
+    entry.t_start = t_start
     try:
         bg = None
         if plan.op == "cycle" and plan.bcast_shard is not None and bcast is not None:
             bg = threading.Thread(target=_deliver, args=(plan, path, bcast, entry), daemon=True)
             bg.start()
         if plan.op == "cycle" and plan.reduce_shard is not None:
-            header, payload = ch.request({"op": "yield", "shard": plan.reduce_shard}, timeout=plan.timeout_s)
-            entry["t_yield"] = time.time()
-            vec = np.frombuffer(payload, dtype=plan.wire_dtype)
-            rec["partial"] = WeightedSum.of(vec, float(header["tau"]))
-            entry.update({k: header.get(k) for k in ("tau", "steps", "samples", "steps_per_s", "loss")})
-            entry["error"] = entry["error"] or header.get("error")
+            header, payload = ch.request({"op": "yield", "shard": plan.reduce_shard, "params": plan.params or {},
+                                          "timeout_s": plan.timeout_s}, timeout=plan.timeout_s + 10)
+            entry.t_yield = time.time()
+            if "agent" not in header:  # the agent answered with an error instead of its shard
+                entry.error = f"agent {entry.agent} could not yield shard {plan.reduce_shard}: {header.get('error')}"
+            else:
+                vec = np.frombuffer(payload, dtype=plan.wire_dtype)
+                rec["partial"] = WeightedSum.of(vec, float(header["weight"]))
+                entry.update(header)
         elif plan.op == "stop":
             header, _ = ch.request({"op": "stop"}, timeout=plan.timeout_s)
-            entry.update({k: header.get(k) for k in ("steps", "samples")})
+            entry.update(header)
         if bg is not None:
             bg.join(plan.timeout_s)
     finally:
         ch.close()
-    entry["t_end"] = time.time()
-    rec["agents"][agent] = entry
+    entry.t_end = time.time()
+    rec["agents"][entry.agent] = entry
     return rec

@@ -1,11 +1,16 @@
 """The driver's 3-phase pipeline (§4.2, Fig. 8): stage → broadcast → reduce, one Spark job per cycle.
 
-Cycle ``c`` reduces shard ``c mod S``.  With S ≥ 3 the shard reduced in cycle
-``c - 1`` is *staged* (Eqs. 9 → 8 → 4 → 5, new broadcast variable) on the
-driver while job ``c`` runs, and broadcast by job ``c + 1``: after warm-up one
-shard is being reduced, one broadcast and one staged at every moment.  With
-S = 2 (Fig. 7) and S = 1 (Fig. 6) staging happens between jobs and the shard
-reduced in ``c - 1`` is broadcast by job ``c``.
+Cycle ``c`` reduces the shard the algorithm's driver rule names (``c mod S``).
+With S ≥ 3 the shard reduced in cycle ``c - 1`` is *staged* (the driver rule's
+:meth:`~mpca.algorithm.DriverRule.on_reduced` — for MPCA Eqs. 9 → 8 → 4 → 5 —
+and a new broadcast variable) on the driver while job ``c`` runs, and
+broadcast by job ``c + 1``: after warm-up one shard is being reduced, one
+broadcast and one staged at every moment.  With S = 2 (Fig. 7) and S = 1
+(Fig. 6) staging happens between jobs and the shard reduced in ``c - 1`` is
+broadcast by job ``c``.
+
+Agent-initiated algorithms (``exchange = "service"``) exchange through the
+parameter service instead; their cycles run no Spark job and only observe.
 """
 from __future__ import annotations
 
@@ -14,14 +19,15 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 import torch
 
-from mpca.algorithm.joint import JointShard, MPCAHyper
+from mpca.algorithm import DriverRule, WeightedSum
 from mpca.errors import RunFailedError
 from mpca.runtime.exchange import ExchangePlan, exchange_partition, merge_records
+from mpca.runtime.reports import AgentReport
 from mpca.runtime.timeline import CycleRecord, Timeline
 
 log = logging.getLogger("mpca.pipeline")
@@ -35,28 +41,34 @@ class _Staged:
     bc: object  # pyspark Broadcast of the projected shard x*
 
 
-class ExchangePipeline:
-    """Runs exchange cycles against K live agents and keeps the joint model (one :class:`JointShard` per shard)."""
+def _as_torch(partial: WeightedSum) -> WeightedSum:
+    """The treeReduce result (numpy) as torch, for the driver rule."""
+    total = None if partial.total is None else torch.from_numpy(np.asarray(partial.total))
+    return WeightedSum(total, partial.weight)
 
-    def __init__(self, sc, run_id: str, secret: bytes, joint: Sequence[JointShard], hyper: MPCAHyper,
-                 agents: Sequence[int], wire_dtype: torch.dtype, timeline: Optional[Timeline] = None,
-                 task_timeout_s: float = 120.0, executors: int = 1):
+
+class ExchangePipeline:
+    """Runs exchange cycles against K live agents; the driver rule keeps the joint model."""
+
+    def __init__(self, sc, run_id: str, secret: bytes, rule: DriverRule, agents: Sequence[int],
+                 wire_dtype: torch.dtype, timeline: Optional[Timeline] = None, task_timeout_s: float = 120.0,
+                 executors: int = 1, observe: Optional[Callable[[float], Dict[int, AgentReport]]] = None):
         self.sc = sc
         self.run_id = run_id
         self.secret = secret
-        self.joint: List[JointShard] = list(joint)
-        self.hyper = hyper
+        self.rule = rule
+        self.observe = observe  # agent-initiated algorithms: reports gathered by the parameter service
         self.agents = sorted(agents)
         self.wire = np.dtype(str(wire_dtype).replace("torch.", ""))
         self.timeline = timeline or Timeline()
         self.task_timeout_s = task_timeout_s
         self.executors = max(1, executors)  # for over-provisioned corrective jobs, see spread()
-        self.S = len(self.joint)
+        self.S = rule.num_shards
         self.lag = 2 if self.S >= 3 else 1
         self._staged: Dict[int, _Staged] = {}
         self._pending = None  # (cycle, shard, record) reduced but not yet staged
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpca-exchange")
-        self.last_agent_reports: Dict[int, dict] = {}
+        self.last_agent_reports: Dict[int, AgentReport] = {}
         self.jobs = {"cycle": 0, "correction": 0, "control": 0}  # Spark jobs submitted, by purpose
         self.broadcasts = {"created": 0, "destroyed": 0}
         self.job_group = f"mpca-{run_id}-exchange"
@@ -97,7 +109,7 @@ class ExchangePipeline:
         if rec.missing:
             log.warning("cycle %s: agents %s did not contribute after %d corrections; their steps carry over (tau "
                         "keeps counting) to their next contribution", plan.token, rec.missing, MAX_CORRECTIONS)
-        errors = {a: e["error"] for a, e in result["agents"].items() if e.get("error")}
+        errors = {a: e.error for a, e in result["agents"].items() if e.error}
         if errors:
             a, msg = sorted(errors.items())[0]
             raise RunFailedError(f"agent {a} failed: {msg}")
@@ -105,22 +117,37 @@ class ExchangePipeline:
 
     # ------------------------------------------------------------------ phases
     def _stage(self, cycle: int, shard: int, result: dict, rec: CycleRecord) -> None:
-        """Stage phase: Eq. 9 (finish), 8, 4, 5 on the driver, then a new broadcast variable."""
+        """Stage phase: the driver rule's update of the reduced shard, then a new broadcast variable."""
         rec.stage_shard, rec.stage_start = shard, time.time()
-        star = self.joint[shard].update(result["partial"], self.hyper.beta(cycle), self.hyper.gamma(cycle),
-                                        self.hyper.delta)
-        # raw bytes, not an ndarray: PySpark's encrypted broadcast path (spark.io.encryption.enabled) cannot
-        # write the PickleBuffer that protocol 5 produces for arrays
-        bc = self.sc.broadcast(np.ascontiguousarray(star.numpy(), dtype=self.wire).tobytes())
-        self.broadcasts["created"] += 1
-        self._staged[cycle + self.lag] = _Staged(shard, bc)
+        out = self.rule.on_reduced(cycle, shard, _as_torch(result["partial"]))
+        if out is not None:
+            # raw bytes, not an ndarray: PySpark's encrypted broadcast path (spark.io.encryption.enabled) cannot
+            # write the PickleBuffer that protocol 5 produces for arrays
+            bc = self.sc.broadcast(np.ascontiguousarray(out.numpy(), dtype=self.wire).tobytes())
+            self.broadcasts["created"] += 1
+            self._staged[cycle + self.lag] = _Staged(shard, bc)
         rec.stage_end = time.time()
 
+    def _observe(self, c: int) -> CycleRecord:
+        """A cycle of an agent-initiated algorithm: no Spark job, the parameter service's latest reports."""
+        rec = CycleRecord(c, None, None, t_submit=time.time())
+        rec.agents = self.observe(max(0.2, self.rule.min_cycle_interval_s or 1.0))
+        rec.t_end = time.time()
+        self.last_agent_reports.update(rec.agents)
+        errors = {a: e.error for a, e in rec.agents.items() if e.error}
+        if errors:
+            a, msg = sorted(errors.items())[0]
+            raise RunFailedError(f"agent {a} failed: {msg}")
+        self.timeline.add(rec)
+        return rec
+
     def cycle(self, c: int) -> CycleRecord:
-        r = c % self.S
+        r = self.rule.reduce_shard(c)
+        if r is None:
+            return self._observe(c)
         staged = self._staged.pop(c, None)
-        alpha = self.hyper.alpha(c)
-        plan = self._plan(f"c{c}", "cycle", reduce_shard=r, bcast_shard=staged.shard if staged else None, alpha=alpha)
+        plan = self._plan(f"c{c}", "cycle", reduce_shard=r, bcast_shard=staged.shard if staged else None,
+                          params=self.rule.cycle_params(c))
         desc = f"mpca cycle {c}: reduce shard {r}" + (f", broadcast shard {staged.shard}" if staged else "")
         rec = CycleRecord(c, r, staged.shard if staged else None, t_submit=time.time())
         fut = self._pool.submit(self._job_with_corrections, plan, staged.bc if staged else None, desc, rec)
@@ -131,10 +158,10 @@ class ExchangePipeline:
         rec.t_end = time.time()
         if staged is not None:
             self._destroy(staged.bc)
-        rec.agents = {a: {k: v for k, v in e.items()} for a, e in result["agents"].items()}
+        rec.agents = dict(result["agents"])
         self.last_agent_reports.update(rec.agents)
-        yields = [e["t_yield"] for e in rec.agents.values() if e.get("t_yield")]
-        bcs = [e["t_bc"] for e in rec.agents.values() if e.get("t_bc")]
+        yields = [e.t_yield for e in rec.agents.values() if e.t_yield]
+        bcs = [e.t_bc for e in rec.agents.values() if e.t_bc]
         rec.reduce_start = min(yields) if yields else None
         rec.bcast_end = max(bcs) if bcs else None
         if self.lag == 1:
@@ -149,7 +176,7 @@ class ExchangePipeline:
         if self._pending is not None:
             c, r, result = self._pending
             self._pending = None
-            self.joint[r].update(result["partial"], self.hyper.beta(c), self.hyper.gamma(c), self.hyper.delta)
+            self.rule.on_reduced(c, r, _as_torch(result["partial"]))
         for st in self._staged.values():
             self._destroy(st.bc)
         self._staged.clear()
@@ -174,8 +201,8 @@ class ExchangePipeline:
             plan = self._plan(f"hello{attempt}", "hello", wait_for_agent_s=10.0)
             res = self.run_job(plan, self.spread(expected, attempt), None, f"mpca: waiting for agents (attempt {attempt})")
             for a, e in res["agents"].items():
-                if e.get("error"):
-                    raise RunFailedError(f"agent {a} failed: {e['error']}")
+                if e.error:
+                    raise RunFailedError(f"agent {a} failed: {e.error}")
                 seen[a] = e
             attempt += 1
         self.agents = sorted(seen)

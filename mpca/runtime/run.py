@@ -1,4 +1,4 @@
-"""One run of K agents and the driver's pipeline: start, exchange cycles, stop — used by the Trainer
+"""One run of K agents and the driver's side of their algorithm: start, cycles, stop — used by the Trainer
 and by the benchmarks."""
 from __future__ import annotations
 
@@ -6,66 +6,84 @@ import logging
 import secrets
 import time
 import uuid
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import torch
 
-from mpca.algorithm import JointShard, MPCAHyper, ShardLayout
+from mpca.algorithm import ShardLayout
+from mpca.config import Settings
 from mpca.errors import RunFailedError, UserError
 from mpca.runtime import cluster
 from mpca.runtime.agent import AgentSpec, model_state
 from mpca.runtime.agent_job import AgentJob
+from mpca.runtime.agent_service import AgentService
 from mpca.runtime.pipeline import ExchangePipeline
+from mpca.runtime.reports import AgentReport
 from mpca.runtime.timeline import Timeline
 
 log = logging.getLogger("mpca.run")
 
 
 class AgentRun:
-    """Context manager: on enter the agents are up and have answered; on exit they are stopped
-    and their Spark job has ended (cancelled if it would not end by itself)."""
+    """Context manager: on enter the agents are up and have answered; on exit they are stopped, their Spark
+    job has ended (cancelled if it would not end by itself) and the parameter service is closed."""
 
-    def __init__(self, spark, train_df, *, model: torch.nn.Module, model_fn, loss_fn, optimizer_fn, agents: int,
-                 shards: int = 3, hyper: Optional[MPCAHyper] = None, buffers: str = "average", batch_size: int = 64,
-                 input_shape: Sequence[int] = (), features: str = "features", label: str = "label",
-                 use_gpus: Optional[bool] = None, seed: int = 0, executor_wait_s: float = 60.0,
-                 agent_start_timeout_s: float = 180.0, joint: Optional[List[JointShard]] = None):
+    def __init__(self, spark, train_df, *, model: torch.nn.Module, model_fn, loss_fn, optimizer_fn,
+                 settings: Settings, driver_state: Optional[Dict[str, Any]] = None):
         cluster.require_classic(spark)
+        self.settings = settings
+        algo, training = settings.algorithm, settings.training
         self.sc = spark.sparkContext
-        self.shape = cluster.inspect_cluster(self.sc, agents, executor_wait_s)
-        use_gpus = use_gpus if use_gpus is not None else self.shape.gpus_per_executor > 0
+        self.shape = cluster.inspect_cluster(self.sc, training.agents, settings.cluster.executor_wait_s)
+        use_gpus = training.use_gpus if training.use_gpus is not None else self.shape.gpus_per_executor > 0
         if use_gpus and self.shape.gpus_per_executor == 0:
             raise UserError("use_gpus=True but the executors have no GPUs (set spark.executor.resource.gpu.amount)")
-        cluster.check_capacity(self.shape, agents, use_gpus)
-        self.agents = agents
-        self.layout = ShardLayout.from_module(model, shards, buffers)
-        self.bound = self.layout.bind_module(model, buffers)
-        if joint is None:
-            joint = [JointShard(self.bound.read(s)) for s in range(shards)]
+        cluster.check_capacity(self.shape, training.agents, use_gpus)
+        self.agents = training.agents
+        self.layout = ShardLayout.from_module(model, algo.num_shards, algo.buffers)
+        self.bound = self.layout.bind_module(model, algo.buffers)
+        self.rule = algo.driver_rule([self.bound.read(s) for s in range(self.layout.num_shards)], self.agents)
+        if driver_state is not None:
+            self.rule.load_state_dict(driver_state)
+        if algo.min_cycle_interval_s is not None:
+            self.rule.min_cycle_interval_s = algo.min_cycle_interval_s
         self.run_id = uuid.uuid4().hex[:10]
         secret = secrets.token_bytes(32)
+        max_payload = sum(self.layout.shard_nbytes(s) for s in range(self.layout.num_shards)) + 4096
+        host = settings.cluster.service_host or self.sc.getConf().get("spark.driver.host") or "127.0.0.1"
+        self.service = None
+        if algo.exchange == "service":
+            self.service = AgentService(self.rule, secret, self.layout.wire_dtype, max_payload, host,
+                                        settings.cluster.service_port, self.agents)
         self.spec = AgentSpec(run_id=self.run_id, secret=secret, model_fn=model_fn, loss_fn=loss_fn,
                               optimizer_fn=optimizer_fn, layout=self.layout, init_state=model_state(model),
-                              buffers=buffers, batch_size=batch_size, input_shape=tuple(input_shape), seed=seed)
+                              rule_factory=algo.agent_factory(), agents=self.agents, buffers=algo.buffers,
+                              batch_size=training.batch_size, input_shape=tuple(settings.data.input_shape),
+                              seed=settings.seed, max_payload=max_payload,
+                              service=self.service.address if self.service else None,
+                              rendezvous=self.rule.rendezvous(host, settings.cluster.service_port))
         self.profile = cluster.agent_resource_profile(use_gpus, pinned=self.shape.agent_slots_per_executor > 0)
         self.job = AgentJob(self.sc, self.run_id)
         self.timeline = Timeline()
-        self.pipeline = ExchangePipeline(self.sc, self.run_id, secret, joint, hyper or MPCAHyper(), range(agents),
-                                         self.layout.wire_dtype, self.timeline, executors=self.shape.executors)
-        self._train_df, self._features, self._label = train_df, features, label
-        self.agent_start_timeout_s = agent_start_timeout_s
-        self.stopped: Dict[int, dict] = {}
-        self.agent_info: Dict[int, dict] = {}
+        self.pipeline = ExchangePipeline(self.sc, self.run_id, secret, self.rule, range(self.agents),
+                                         self.layout.wire_dtype, self.timeline, executors=self.shape.executors,
+                                         observe=self.service.observe if self.service else None)
+        self._train_df = train_df
+        self.stopped: Dict[int, AgentReport] = {}
+        self.agent_info: Dict[int, AgentReport] = {}
 
     def __enter__(self) -> "AgentRun":
         t0 = time.time()
-        self.job.start(self._train_df, self.agents, self.spec, self._features, self._label, self.profile)
+        data = self.settings.data
+        self.job.start(self._train_df, self.agents, self.spec, data.features, data.label, self.profile)
         try:
-            self.agent_info = self.pipeline.hello(self.agents, self.agent_start_timeout_s, self.job.alive)
+            self.agent_info = self.pipeline.hello(self.agents, self.settings.cluster.agent_start_timeout_s,
+                                                  self.job.alive)
         except BaseException:
             self.__exit__(None, None, None)
             raise
-        log.info("%d agents up after %.1fs (%s)", self.agents, time.time() - t0, self.layout.describe())
+        log.info("%d agents up after %.1fs (%s, algorithm %s)", self.agents, time.time() - t0, self.layout.describe(),
+                 self.settings.algorithm.name)
         return self
 
     def cycle(self, c: int):
@@ -73,7 +91,7 @@ class AgentRun:
             raise RunFailedError(f"the agent job ended unexpectedly: {self.job.error or self.job.summaries}")
         return self.pipeline.cycle(c)
 
-    def agent_status(self) -> Dict[int, dict]:
+    def agent_status(self) -> Dict[int, AgentReport]:
         """Steps and samples of every agent right now (a light control job, no shard moves)."""
         plan = self.pipeline._plan(f"status{time.time()}", "hello")
         attempt = 0 if self.shape.executors == self.agents else 1  # extra executors: over-provision at once
@@ -81,15 +99,20 @@ class AgentRun:
         return res["agents"]
 
     def joint_vectors(self) -> List[torch.Tensor]:
-        return [j.joint for j in self.pipeline.joint]
+        return self.rule.joint_vectors()
 
     def __exit__(self, *exc) -> None:
-        self.pipeline.flush()
-        self.stopped = self.pipeline.stop_agents()
-        if not self.job.join(30):
-            self.job.cancel()
-            self.job.join(10)
+        try:
+            self.pipeline.flush()
+            self.stopped = self.pipeline.stop_agents()
+            if not self.job.join(30):
+                self.job.cancel()
+                self.job.join(10)
+        finally:
+            if self.service is not None:
+                self.service.close()
+            self.rule.close()
 
     @property
     def summaries(self) -> List[dict]:
-        return self.job.summaries or list(self.stopped.values())
+        return self.job.summaries or [r.to_dict() for r in self.stopped.values()]

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from mpca.runtime.reports import AgentReport
+
 
 @dataclass
 class CycleRecord:
@@ -32,7 +34,7 @@ class CycleRecord:
     corrections: int = 0
     misplaced: int = 0
     missing: List[int] = field(default_factory=list)
-    agents: Dict[int, dict] = field(default_factory=dict)
+    agents: Dict[int, AgentReport] = field(default_factory=dict)
 
     @property
     def broadcast_interval(self):
@@ -65,15 +67,15 @@ class Timeline:
     def rows(self) -> List[dict]:
         out = []
         for c in self.cycles:
-            taus = {a: e.get("tau") for a, e in sorted(c.agents.items())}
-            rates = {a: e.get("steps_per_s") for a, e in sorted(c.agents.items())}
+            weights = {a: e.weight for a, e in sorted(c.agents.items())}
+            rates = {a: e.steps_per_s for a, e in sorted(c.agents.items())}
             out.append({
                 "cycle": c.cycle, "reduce_shard": c.reduce_shard, "bcast_shard": c.bcast_shard,
                 "stage_shard": c.stage_shard, "t_submit": c.t_submit, "t_end": c.t_end,
                 "stage_start": c.stage_start, "stage_end": c.stage_end, "bcast_end": c.bcast_end,
                 "reduce_start": c.reduce_start, "overlap": c.broadcast_overlaps_reduce(),
                 "corrections": c.corrections, "misplaced": c.misplaced, "missing": list(c.missing),
-                "tau": taus, "steps_per_s": rates,
+                "weight": weights, "steps_per_s": rates,
             })
         return out
 

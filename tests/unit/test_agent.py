@@ -1,9 +1,10 @@
-"""The agent's side of the protocol, without Spark: claim once per token, pull (Eq. 7) before each step,
-τ per shard, yield resets τ, deliver swaps the pull target."""
+"""The agent's side of the protocol, without Spark: claim once per token; with MPCA's agent rule, pull (Eq. 7)
+before each step, τ per shard, yield resets τ, deliver swaps the pull target."""
 import numpy as np
 import torch
 
 from mpca.algorithm import ShardLayout
+from mpca.algorithm.mpca import MPCAAgent
 from mpca.runtime.agent import Agent, AgentSpec, model_state
 
 
@@ -20,7 +21,7 @@ def _agent():
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
                      optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), init_state=model_state(m),
-                     batch_size=2, input_shape=(3,))
+                     rule_factory=MPCAAgent, batch_size=2, input_shape=(3,))
     return Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
 
 
@@ -35,17 +36,17 @@ def test_pull_before_each_step_and_tau_per_shard():
     a = _agent()
     before = a.shards.read(0).clone()
     target = torch.zeros_like(before)
-    a.handle({"op": "deliver", "shard": 0, "alpha": 0.5}, bytearray(target.numpy().tobytes()))
+    a.handle({"op": "deliver", "shard": 0, "params": {"alpha": 0.5}}, bytearray(target.numpy().tobytes()))
     x, y = torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)
     a.step(x, y)
     a.step(x, y)
     # two pulls with α = 0.5 toward 0: x · 0.25; shard 1 has no target and stays put
     assert torch.allclose(a.shards.read(0), before * 0.25)
     header, payload = a.handle({"op": "yield", "shard": 0}, b"")
-    assert header["tau"] == 2 and header["steps"] == 2
+    assert header["weight"] == 2 and header["extra"]["tau"] == 2 and header["steps"] == 2
     assert np.allclose(np.frombuffer(payload, dtype=np.float32), (before * 0.25).numpy())
-    assert a.handle({"op": "yield", "shard": 0}, b"")[0]["tau"] == 0  # reset by the yield
-    assert a.handle({"op": "yield", "shard": 1}, b"")[0]["tau"] == 2  # counted per shard
+    assert a.handle({"op": "yield", "shard": 0}, b"")[0]["weight"] == 0  # reset by the yield
+    assert a.handle({"op": "yield", "shard": 1}, b"")[0]["weight"] == 2  # counted per shard
 
 
 def test_bad_request_is_answered_not_fatal():

@@ -11,8 +11,9 @@ from mpca.models import SmallCNN
 
 def _ck(cycle, value=1.0):
     m = SmallCNN(8)
-    return Checkpoint(cycle=cycle, joint=[torch.full((3,), value)], velocity=[torch.zeros(3)], reductions=[cycle],
-                      model_state=m.state_dict(), layout=[("a", 3, "torch.float32")], shards=1, wall_s=1.5)
+    state = {"joint": [torch.full((3,), value)], "velocity": [torch.zeros(3)], "reductions": [cycle], "buf": None}
+    return Checkpoint(cycle=cycle, algorithm="mpca", driver_state=state, model_state=m.state_dict(),
+                      layout=[("a", 3, "torch.float32")], shards=1, wall_s=1.5)
 
 
 @pytest.mark.parametrize("uri", [False, True])
@@ -21,7 +22,8 @@ def test_save_and_load_latest(tmp_path, uri):
     checkpoint.save(loc, _ck(5, 1.0))
     checkpoint.save(loc, _ck(10, 2.0))
     ck = checkpoint.latest(loc)
-    assert ck.cycle == 10 and torch.equal(ck.joint[0], torch.full((3,), 2.0)) and ck.reductions == [10]
+    assert ck.cycle == 10 and ck.algorithm == "mpca"
+    assert torch.equal(ck.driver_state["joint"][0], torch.full((3,), 2.0)) and ck.driver_state["reductions"] == [10]
     assert not [n for n in os.listdir(tmp_path / "ck") if ".tmp" in n]  # no temporary left behind
 
 

@@ -17,7 +17,12 @@ MISTAKES = [
     (["cluster.master=local[2]"], "'cluster.master'"),
     (["training.agents=5"], "training.agents=5 but cluster.master has 2 executor(s)"),
     (["data.dataset=null"], "give exactly one of data.dataset"),
-    (["algorithm.alpha.peak=2"], "'algorithm.alpha.peak'"),
+    (["algorithm.alpha.peak=2"], "alpha.peak must lie in [0, 1]"),
+    (["algorithm.mpca.alpha.peak=2"], "alpha.peak must lie in [0, 1]"),
+    (["algorithm.name=sgd"], "unknown algorithm 'sgd'; choose one of ddp, diloco, easgd, mpca, single, sync"),
+    (["algorithm.name=sync", "algorithm.every=0"], "'algorithm.every'"),
+    (["algorithm.name=sync", "algorithm.shards=3"], "unknown configuration key 'algorithm.shards'"),
+    (["algorithm.name=single"], "algorithm 'single' trains one agent"),
     (["data.input_shape=[0,8]"], "'data.input_shape'"),
     (["data.holdout=1.5"], "'data.holdout'"),
     (["cluster.master=local-cluster[2,1,1024]"], "agents need 2"),
@@ -66,6 +71,32 @@ def test_presets_merge_and_overrides_win():
     assert cfg.cluster.master == "existing" and cfg.training.use_gpus is True
     assert cfg.cluster.executor_wait_s == 5 and cfg.model.name == "small_cnn"
     assert cfg.algorithm.hyper().alpha(0) == 0.0
+
+
+def test_one_config_holds_every_algorithm_and_name_picks_one():
+    from mpca.algorithm import algorithm_names
+
+    for name in algorithm_names():
+        agents = ["training.agents=1"] if name == "single" else []
+        cfg = load_config(["conf/digits.yaml"], [f"algorithm.name={name}", *agents])
+        assert cfg.algorithm.name == name
+    assert load_config(["conf/digits.yaml"], ["algorithm.name=sync"]).algorithm.every == 20  # its subsection
+    mp = load_config(["conf/digits.yaml"], ["algorithm.alpha.peak=0.3"]).algorithm
+    assert mp.alpha.peak == 0.3 and mp.alpha.target == 0.05  # a flat override merges into the subsection
+
+
+def test_trainer_keywords_map_onto_the_one_settings_object():
+    from mpca.config import Settings, settings_from
+    from mpca.errors import UserError
+
+    s = settings_from(agents=3, max_cycles=7, algorithm="diloco", input_shape=(1, 8, 8), stop={"max_seconds": 5})
+    assert isinstance(s, Settings) and s.training.agents == 3 and s.algorithm.name == "diloco"
+    assert s.stop.max_seconds == 5 and s.stop.max_cycles is None  # a whole section replaces the shortcut's
+    assert settings_from(s, algorithm={"every": 9}).algorithm.every == 9  # same algorithm: settings merge
+    with pytest.raises(UserError, match="unknown option 'agentz'"):
+        settings_from(agentz=2)
+    with pytest.raises(UserError, match="'data.holdout'"):
+        settings_from(holdout=1.0)
 
 
 @pytest.mark.parametrize("path", ["conf/digits.yaml", "conf/mnist_mlp.yaml"])

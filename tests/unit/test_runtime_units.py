@@ -6,13 +6,14 @@ from mpca.algorithm import WeightedSum
 from mpca.errors import ClusterTooSmallError, UserError
 from mpca.runtime.cluster import ClusterShape, check_capacity, require_classic
 from mpca.runtime.exchange import empty_record, merge_records
+from mpca.runtime.reports import AgentReport
 from mpca.runtime.timeline import CycleRecord, Timeline
 
 
 def _rec(agent, x, tau):
     r = empty_record()
     r["partial"] = WeightedSum.of(np.array(x, dtype=np.float32), tau)
-    r["agents"][agent] = {"tau": tau}
+    r["agents"][agent] = AgentReport(agent, weight=tau)
     return r
 
 

@@ -1,0 +1,178 @@
+"""The algorithm seam: what every training algorithm provides, with no Spark and no I/O in it.
+
+An algorithm is one module of this package holding three small things:
+
+* an :class:`Algorithm` — its typed settings (the ``algorithm:`` section of the
+  configuration, validated once) and the factories below;
+* an :class:`AgentRule` — what an agent does around its local steps and when
+  the runtime moves a shard to or from it;
+* a :class:`DriverRule` — what the driver sends with a cycle, what it does with
+  a reduced shard (and what, if anything, it broadcasts back), what it answers
+  when an agent calls the parameter service, and its state for checkpoints.
+
+The runtime (agent loop, exchange tasks, pipeline, trainer, checkpoint) calls
+these hooks and names no algorithm.  Two exchange styles share the seam:
+
+* ``"cycle"`` — driver-initiated: every cycle one Spark job yields one shard
+  from every agent (reduced with Spark's treeReduce into a
+  :class:`~mpca.algorithm.rules.WeightedSum`) and hands each agent the shard the
+  driver staged for broadcast (MPCA's 3-phase pipeline, SparkNet, DiLoCo, DDP's
+  observation of the model);
+* ``"service"`` — agent-initiated: agents call the driver-hosted parameter
+  service on their own clock (asynchronous EASGD, parameter-server
+  algorithms); the driver's cycles only observe.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Dict, List, Literal, Optional, Tuple
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from mpca.algorithm.rules import WeightedSum
+from mpca.algorithm.sharding import BoundShards
+
+Params = Dict[str, Any]  # JSON-able values sent with a cycle (e.g. {"alpha": 0.3})
+
+
+@dataclass
+class AgentContext:
+    """What an agent rule may use: the agent's model and optimizer, its exchanged tensors as shards, and the
+    means to talk to the driver when its algorithm is agent-initiated."""
+
+    agent_id: int
+    agents: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    shards: BoundShards
+    device: torch.device
+    rows: int = 0
+    service: Any = None  # a ServiceClient (``request(header, payload) -> (header, payload)``) or None
+    rendezvous: Dict[str, Any] = field(default_factory=dict)  # what DriverRule.rendezvous returned
+    lock: Any = None  # the agent's step lock: held around before_step … after_step, and around the shard hooks
+    stats: Callable[[], Dict[str, Any]] = dict  # the agent's counters (steps, samples, loss), for service headers
+    stopping: Callable[[], bool] = bool  # whether the driver asked this agent to stop (for rules that wait)
+
+
+class AgentRule:
+    """The agent's side of an algorithm.  Defaults do nothing, so a rule overrides only what it needs.
+
+    Called in the training thread with the agent's lock held: :meth:`before_step` (before the forward
+    pass), :meth:`after_backward` (gradients ready, before the optimizer step), :meth:`after_step`.
+    Called in the training thread *without* the lock, between two steps: :meth:`between_steps` — it may
+    block (a synchronous round) or call the parameter service.  Called from the exchange server thread:
+    :meth:`yield_ready` without the lock (may wait until a shard is due), then :meth:`contribution` and
+    :meth:`receive` with the lock held.
+    """
+
+    def __init__(self, ctx: AgentContext):
+        self.ctx = ctx
+
+    def before_step(self) -> None: ...
+
+    def after_backward(self) -> None: ...
+
+    def after_step(self) -> None: ...
+
+    def between_steps(self) -> None: ...
+
+    def should_stop(self, requested: bool) -> bool:
+        """Whether the training loop ends now (``requested``: the driver asked this agent to stop)."""
+        return requested
+
+    def receive(self, shard: int, pieces: List[torch.Tensor], params: Params) -> None:
+        """A broadcast shard arrived (``pieces``: one tensor per segment, on the agent's device)."""
+
+    def yield_ready(self, shard: int, params: Params, timeout_s: float) -> None:
+        """Block until ``shard`` may be yielded for this cycle (default: at once)."""
+
+    def contribution(self, shard: int, params: Params) -> Tuple[torch.Tensor, float, Dict[str, Any]]:
+        """What goes up for ``shard``: (vector in the wire dtype on the CPU, weight in Eq. 9, extra report)."""
+        return self.ctx.shards.read(shard), 1.0, {}
+
+    def close(self) -> None: ...
+
+
+class DriverRule:
+    """The driver's side of an algorithm.  Holds the joint model (one vector per shard) and whatever else
+    the algorithm keeps; everything it must survive a restart with goes through :meth:`state_dict`."""
+
+    min_cycle_interval_s: float = 0.0  # observation-only algorithms need not exchange as fast as possible
+
+    def __init__(self, joint: List[torch.Tensor], agents: int):
+        self.joint = [j.detach().clone() for j in joint]
+        self.agents = agents
+        self.lock = threading.Lock()  # service requests arrive on their own threads
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.joint)
+
+    def reduce_shard(self, cycle: int) -> Optional[int]:
+        """The shard every agent yields in ``cycle`` (None: nothing is reduced)."""
+        return cycle % self.num_shards
+
+    def cycle_params(self, cycle: int) -> Params:
+        """JSON-able parameters sent with cycle ``cycle`` to every agent (with its broadcast and yield)."""
+        return {}
+
+    def on_reduced(self, cycle: int, shard: int, partial: WeightedSum) -> Optional[torch.Tensor]:
+        """``partial`` holds Σ wᵢ xᵢ and Σ wᵢ of every agent's contribution of ``shard``; update the joint
+        model and return what to broadcast to the agents (None: nothing)."""
+        raise NotImplementedError
+
+    def serve(self, agent: int, header: Dict[str, Any], payload: torch.Tensor) -> Tuple[Dict[str, Any], Optional[torch.Tensor]]:
+        """Answer an agent's parameter-service request (agent-initiated algorithms only)."""
+        raise ValueError(f"{type(self).__name__} has no parameter service")
+
+    def rendezvous(self, host: str, port: int = 0) -> Dict[str, Any]:
+        """Start whatever the agents must meet at before training (e.g. a torch.distributed store, on
+        ``port``, 0 for any) and return what they need to find it at ``host``; :meth:`close` ends it."""
+        return {}
+
+    def joint_vectors(self) -> List[torch.Tensor]:
+        """A consistent copy of the joint model, one vector per shard."""
+        with self.lock:
+            return [j.clone() for j in self.joint]
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"joint": [j.clone() for j in self.joint]}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.joint = [torch.as_tensor(j).clone() for j in state["joint"]]
+
+    def close(self) -> None: ...
+
+
+class Algorithm(BaseModel):
+    """Typed settings of one algorithm (the ``algorithm:`` configuration section) and its two rules.
+
+    Subclasses set ``name`` (a ``Literal`` with a default), ``exchange`` and the factories; registering
+    them (:func:`mpca.algorithm.registry.register`) makes ``algorithm.name: <name>`` work everywhere.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+    name: str
+    buffers: Literal["average", "local"] = Field("average", description="BatchNorm running stats: exchanged or kept")
+    min_cycle_interval_s: Optional[float] = Field(None, ge=0.0, description="throttle driver cycles (None: the "
+                                                  "algorithm's default, 0 for exchanging ones)")
+    exchange: ClassVar[str] = "cycle"  # "cycle" (driver-initiated) or "service" (agent-initiated)
+    summary: ClassVar[str] = ""
+
+    @property
+    def num_shards(self) -> int:
+        """How many shards the model is cut into (only MPCA pipelines several)."""
+        return 1
+
+    def check_agents(self, agents: int) -> None:
+        """Raise ValueError when this algorithm cannot run with ``agents`` agents."""
+
+    def agent_factory(self) -> Callable[[AgentContext], AgentRule]:
+        """A picklable callable building the agent rule on the executor (plain values only)."""
+        raise NotImplementedError
+
+    def driver_rule(self, joint: List[torch.Tensor], agents: int) -> DriverRule:
+        raise NotImplementedError

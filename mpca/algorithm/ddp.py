@@ -1,0 +1,113 @@
+"""Per-step synchronous data parallelism (what TorchDistributor's DDP gives): after every backward pass the
+agents average their gradients with an all-reduce (torch.distributed: gloo on the CPU, NCCL on GPUs), so
+every replica takes the same optimizer step.  The driver arranges the rendezvous (a TCPStore it hosts)
+and only observes the model; nothing else is exchanged through Spark.
+
+torch.distributed's store and collectives are not authenticated (as with TorchDistributor): run ``ddp``
+on a network you trust.
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import functools
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from mpca.algorithm.base import AgentRule, Algorithm
+from mpca.algorithm.registry import register
+from mpca.algorithm.rounds import digest
+from mpca.algorithm.single import ObservingDriver
+
+
+class DDPAgent(AgentRule):
+    """Joins the process group; averages gradients (plus a stop flag) with one all-reduce per step."""
+
+    def __init__(self, ctx, timeout_s: float, verify_every: int):
+        super().__init__(ctx)
+        import torch.distributed as dist
+
+        if ctx.rows == 0:
+            raise ValueError(f"ddp needs rows on every agent; agent {ctx.agent_id} got an empty partition "
+                             "(repartition the data or use fewer agents)")
+        self.dist = dist
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(ctx.rendezvous["host"], int(ctx.rendezvous["port"]), None, False, timeout=timeout)
+        prefixed = dist.PrefixStore(ctx.rendezvous["prefix"], store)
+        backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=prefixed, rank=ctx.agent_id, world_size=ctx.agents, timeout=timeout)
+        self.params = [p for p in ctx.model.parameters() if p.requires_grad]
+        self.verify_every = verify_every
+        self.steps = 0
+        self.requested = False
+        self.stop_all = False
+        self.digests = collections.OrderedDict()
+
+    def should_stop(self, requested: bool) -> bool:
+        self.requested = self.requested or requested
+        return self.stop_all  # every rank stops after the same step, so no all-reduce is left waiting
+
+    def after_backward(self) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flag = torch.ones(1, device=self.ctx.device) if self.requested else torch.zeros(1, device=self.ctx.device)
+        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [flag])
+        self.dist.all_reduce(flat)
+        flat /= self.ctx.agents
+        off = 0
+        for p, g in zip(self.params, grads):
+            n = g.numel()
+            p.grad = flat[off:off + n].view_as(g).to(g.dtype)
+            off += n
+        self.stop_all = bool(flat[-1] > 0)
+
+    def after_step(self) -> None:
+        self.steps += 1
+        if self.verify_every and self.steps % self.verify_every == 0:
+            self.digests[self.steps] = digest(self.ctx.shards.read(0))
+            while len(self.digests) > 200:
+                self.digests.popitem(last=False)
+
+    def contribution(self, shard, params):
+        return self.ctx.shards.read(0), 1.0, {"digests": {str(k): v for k, v in self.digests.items()}}
+
+    def close(self) -> None:
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+class DDPDriver(ObservingDriver):
+    def __init__(self, joint, agents, observe_every_s: float, timeout_s: float):
+        super().__init__(joint, agents, observe_every_s)
+        self.timeout_s = timeout_s
+        self.store = None
+
+    def rendezvous(self, host, port=0):
+        import secrets
+
+        import torch.distributed as dist
+
+        self.store = dist.TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=self.timeout_s),
+                                   wait_for_workers=False)
+        return {"host": host, "port": self.store.port, "prefix": secrets.token_hex(8)}
+
+    def close(self):
+        self.store = None  # the store's server stops when the object goes
+
+
+@register
+class DDP(Algorithm):
+    """Gradient averaging every step with torch.distributed inside the long-lived agent tasks."""
+
+    name: Literal["ddp"] = "ddp"
+    summary = "gradients all-reduced every step (torch.distributed); replicas stay identical"
+    observe_every_s: float = Field(1.0, ge=0.0, description="seconds between the driver's snapshots")
+    timeout_s: float = Field(120.0, gt=0.0, description="rendezvous and collective timeout")
+    verify_every: int = Field(0, ge=0, description="record a fingerprint of the model every n steps (tests)")
+
+    def agent_factory(self):
+        return functools.partial(DDPAgent, timeout_s=self.timeout_s, verify_every=self.verify_every)
+
+    def driver_rule(self, joint, agents):
+        return DDPDriver(joint, agents, self.observe_every_s, self.timeout_s)

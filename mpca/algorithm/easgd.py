@@ -1,0 +1,97 @@
+"""Asynchronous EASGD (Zhang et al. 2015; §3.2 of the MPCA paper) through the driver's parameter service.
+
+Every τ local steps an agent, on its own clock, sends x_i to the service; from the same x_i and x̃ the
+service computes d = α (x_i − x̃), moves the centre x̃ ← x̃ + d (Eq. 3) and answers d, which the agent
+applies as x_i ← x_i − d (Eq. 2).  α = 0.9 / K by default (elastic symmetry, §6.3).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from mpca.algorithm.base import AgentRule, Algorithm, DriverRule
+from mpca.algorithm.registry import register
+
+
+class EASGDAgent(AgentRule):
+    def __init__(self, ctx, every: int):
+        super().__init__(ctx)
+        if ctx.service is None:
+            raise ValueError("asynchronous EASGD needs the driver's parameter service")
+        self.every = every
+        self.since = 0
+        self.exchanges = 0
+
+    def after_step(self) -> None:
+        self.since += 1
+
+    def between_steps(self) -> None:
+        if self.since < self.every:
+            return
+        shards = self.ctx.shards
+        with self.ctx.lock:
+            x = shards.read(0)
+        header = {"op": "easgd", "agent": self.ctx.agent_id, **self.ctx.stats()}
+        _, payload = self.ctx.service.request(header, x.numpy())  # the training thread waits, as in EASGD
+        d = torch.from_numpy(np.frombuffer(payload, dtype=x.numpy().dtype))
+        with self.ctx.lock:
+            torch._foreach_sub_(shards.views(0), shards.split(0, d))  # Eq. 2: x_i ← x_i − α (x_i − x̃)
+        self.since = 0
+        self.exchanges += 1
+
+
+class EASGDDriver(DriverRule):
+    """The centre x̃; each request moves it by α (x_i − x̃) (Eq. 3) and answers that difference."""
+
+    HISTORY = 100_000
+
+    def __init__(self, joint, agents, alpha: float):
+        super().__init__(joint, agents)
+        self.alpha = alpha
+        self.exchanges = 0
+        self.history = collections.deque(maxlen=self.HISTORY)  # agent ids in the order they were served
+
+    def reduce_shard(self, cycle):
+        return None  # nothing goes through Spark: the driver's cycles only observe
+
+    def serve(self, agent, header, payload):
+        if header.get("op") != "easgd":
+            raise ValueError(f"unknown op {header.get('op')!r}")
+        x = payload.to(self.joint[0].dtype)
+        if x.shape != self.joint[0].shape:
+            raise ValueError(f"expected {self.joint[0].numel()} values, got {x.numel()}")
+        with self.lock:
+            d = (x - self.joint[0]) * self.alpha
+            self.joint[0] = self.joint[0] + d  # Eq. 3
+            self.exchanges += 1
+            self.history.append(agent)
+        return {"ok": True}, d
+
+    def state_dict(self):
+        return {**super().state_dict(), "exchanges": self.exchanges}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.exchanges = int(state.get("exchanges", 0))
+
+
+@register
+class EASGD(Algorithm):
+    """Asynchronous EASGD through the driver's parameter service."""
+
+    name: Literal["easgd"] = "easgd"
+    exchange = "service"
+    summary = "every τ local steps each agent exchanges α(x_i − x̃) with the driver's parameter service"
+    every: int = Field(10, ge=1, description="τ: local steps between an agent's exchanges")
+    alpha: Optional[float] = Field(None, gt=0.0, le=1.0, description="elastic coefficient; default 0.9 / agents")
+
+    def agent_factory(self):
+        return functools.partial(EASGDAgent, every=self.every)
+
+    def driver_rule(self, joint, agents):
+        return EASGDDriver(joint, agents, self.alpha if self.alpha is not None else 0.9 / agents)

@@ -1,0 +1,117 @@
+"""MPCA SGD (Langer et al. 2018): the elastic pull on the agents, Eqs. 9 → 8 → 4 → 5 on the driver.
+
+Agent (every step, §4.4): x_i ← x_i − α (x_i − x*) toward the latest projected joint shards (Eq. 7), fused
+over all shards; per shard s it counts τ_s, the steps made since s was last yielded, which weighs its
+contribution in Eq. 9 (§4.6, measured, not configured).
+
+Driver (per reduced shard, §4.5/§4.3): R = Σ τ_i x_i / Σ τ_i (Eq. 9), x̃_t = (1 − β) x̃_{t−1} + β R (Eq. 8),
+ṽ_t = δ ṽ_{t−1} + (1 − δ)(x̃_t − x̃_{t−1}) (Eq. 4), broadcast x* = x̃_t + γ ṽ_t (Eq. 5).  The runtime's
+pipeline overlaps the three phases over S shards (§4.2, Figs. 6–8).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, List, Literal, Optional
+
+import torch
+from pydantic import Field, model_validator
+
+from mpca.algorithm.base import AgentContext, AgentRule, Algorithm, DriverRule, Params
+from mpca.algorithm.joint import JointShard, MPCAHyper
+from mpca.algorithm.registry import register
+from mpca.algorithm.rules import WeightedSum, elastic_pull_
+from mpca.algorithm.schedules import AlphaSchedule, BetaSchedule, GammaSchedule
+
+
+class MPCAAgent(AgentRule):
+    """Eq. 7 before every step, τ per shard (Eq. 9's weights)."""
+
+    def __init__(self, ctx: AgentContext, weighting: str = "tau"):
+        super().__init__(ctx)
+        S = ctx.shards.layout.num_shards
+        self.weighting = weighting
+        self.tau = [0] * S
+        self.targets: List[Optional[List[torch.Tensor]]] = [None] * S
+        self.alpha = 0.0
+        self._views: List[torch.Tensor] = []
+        self._targets: List[torch.Tensor] = []
+
+    def before_step(self) -> None:
+        if self.alpha > 0 and self._views:
+            elastic_pull_(self._views, self._targets, self.alpha)  # Eq. 7, before the gradient
+
+    def after_step(self) -> None:
+        for s in range(len(self.tau)):
+            self.tau[s] += 1
+
+    def receive(self, shard: int, pieces: List[torch.Tensor], params: Params) -> None:
+        self.targets[shard] = pieces
+        self.alpha = float(params["alpha"])
+        # one fused pull over every shard that has a target (lists rebuilt here, not in the step loop)
+        have = [i for i, t in enumerate(self.targets) if t is not None]
+        self._views = [v for i in have for v in self.ctx.shards.views(i)]
+        self._targets = [t for i in have for t in self.targets[i]]
+
+    def contribution(self, shard: int, params: Params):
+        tau, self.tau[shard] = self.tau[shard], 0
+        weight = float(tau) if self.weighting == "tau" else float(tau > 0)  # "uniform": Fig. 10c's ablation
+        return self.ctx.shards.read(shard), weight, {"tau": tau}
+
+
+class MPCADriver(DriverRule):
+    """One :class:`JointShard` (x̃, ṽ) per shard; α travels with every cycle."""
+
+    def __init__(self, joint: List[torch.Tensor], agents: int, hyper: MPCAHyper):
+        super().__init__(joint, agents)
+        self.hyper = hyper
+        self.shards = [JointShard(j) for j in self.joint]
+
+    def cycle_params(self, cycle: int) -> Params:
+        return {"alpha": self.hyper.alpha(cycle)}
+
+    def on_reduced(self, cycle: int, shard: int, partial: WeightedSum) -> torch.Tensor:
+        h = self.hyper
+        star = self.shards[shard].update(partial, h.beta(cycle), h.gamma(cycle), h.delta)  # Eqs. 9, 8, 4, 5
+        with self.lock:
+            self.joint[shard] = self.shards[shard].joint
+        return star
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"joint": [s.joint.clone() for s in self.shards], "velocity": [s.velocity.clone() for s in self.shards],
+                "reductions": [s.reductions for s in self.shards]}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.shards = [JointShard(j, v, int(r)) for j, v, r in zip(state["joint"], state["velocity"], state["reductions"])]
+        self.joint = [s.joint for s in self.shards]
+
+
+@register
+class MPCA(Algorithm):
+    """MPCA SGD: S shards in a 3-phase pipeline, elastic pull every step, τ-weighted reduction, projection."""
+
+    name: Literal["mpca"] = "mpca"
+    summary = "elastic pull every step toward a projected joint model; shards pipelined by the driver"
+    shards: int = Field(3, ge=1, description="S: shards in flight (3 = stage, broadcast, reduce at once)")
+    delta: float = Field(0.8, description="trajectory smoothing δ of Eq. 4, in [0, 1]")
+    weighting: Literal["tau", "uniform"] = Field("tau", description="Eq. 9 weights: measured τ or 1 per agent")
+    alpha: AlphaSchedule = Field(default_factory=AlphaSchedule)
+    beta: BetaSchedule = Field(default_factory=BetaSchedule)
+    gamma: GammaSchedule = Field(default_factory=GammaSchedule)
+
+    @model_validator(mode="after")
+    def _hyper_is_valid(self):
+        self.hyper()  # MPCAHyper and the schedules check their own bounds: validated in one place
+        return self
+
+    @property
+    def num_shards(self) -> int:
+        return self.shards
+
+    def hyper(self) -> MPCAHyper:
+        return MPCAHyper(alpha=self.alpha, beta=self.beta, gamma=self.gamma, delta=self.delta)
+
+    def agent_factory(self):
+        return functools.partial(MPCAAgent, weighting=self.weighting)
+
+    def driver_rule(self, joint, agents):
+        return MPCADriver(joint, agents, self.hyper())

@@ -1,0 +1,87 @@
+"""Synchronous rounds, shared by SparkNet-style averaging and DiLoCo: H local steps, then the agent waits.
+
+An agent trains ``every`` local steps, then pauses until the driver's next joint model arrives (the
+training pause of the synchronous approach, §3.1, Figs. 1 and 5).  The driver's cycle ``c`` collects
+round ``r`` (the ``round`` parameter sent with the cycle): an agent yields only when it has finished
+round ``r``, and a delivery starts round ``r + 1`` from the delivered model.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any, Dict, List
+
+import torch
+
+from mpca.algorithm.base import AgentContext, AgentRule, DriverRule, Params
+
+
+def digest(vec: torch.Tensor) -> str:
+    """A short fingerprint of a vector's exact bits (replicas that match bit for bit match here)."""
+    return hashlib.sha1(vec.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+class RoundAgent(AgentRule):
+    """Counts the steps of the current round and pauses the training loop when the round is complete."""
+
+    def __init__(self, ctx: AgentContext, every: int):
+        super().__init__(ctx)
+        if ctx.shards.layout.num_shards != 1:
+            raise ValueError("synchronous rounds exchange the whole model: use one shard")
+        self.every = every
+        self.round = 0
+        self.round_steps = 0
+        self.start_digest = digest(ctx.shards.read(0))
+        self.cond = threading.Condition()
+
+    def _round_done(self) -> bool:
+        return self.round_steps >= self.every
+
+    def after_step(self) -> None:
+        with self.cond:
+            self.round_steps += 1
+            if self._round_done():
+                self.cond.notify_all()
+
+    def between_steps(self) -> None:
+        with self.cond:  # paused until the next round's model arrives (or the driver stops us)
+            while self._round_done() and not self.ctx.stopping():
+                self.cond.wait(0.1)
+
+    def yield_ready(self, shard: int, params: Params, timeout_s: float) -> None:
+        want = int(params["round"])
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.round == want and self._round_done(), timeout_s):
+                raise TimeoutError(f"agent {self.ctx.agent_id} did not finish round {want} within {timeout_s:.0f}s "
+                                   f"(it is in round {self.round} after {self.round_steps} of {self.every} steps)")
+
+    def round_report(self) -> Dict[str, Any]:
+        return {"round": self.round, "start_digest": self.start_digest, "round_steps": self.round_steps}
+
+    def start_round(self, pieces: List[torch.Tensor]) -> None:
+        """Replace the local model by the delivered joint model and start the next round."""
+        torch._foreach_copy_(self.ctx.shards.views(0), pieces)
+        with self.cond:
+            self.round += 1
+            self.round_steps = 0
+            self.start_digest = digest(self.ctx.shards.read(0))
+            self.cond.notify_all()
+
+
+class RoundDriver(DriverRule):
+    """Numbers the rounds: the cycle after ``n`` reductions of this run collects round ``n``."""
+
+    def __init__(self, joint: List[torch.Tensor], agents: int):
+        super().__init__(joint, agents)
+        if len(joint) != 1:
+            raise ValueError("synchronous rounds exchange the whole model: use one shard")
+        self.rounds = 0  # not checkpointed: restarted agents start again at round 0
+
+    def cycle_params(self, cycle: int) -> Params:
+        return {"round": self.rounds}
+
+    def next_round(self, joint: torch.Tensor) -> torch.Tensor:
+        with self.lock:
+            self.joint[0] = joint
+            self.rounds += 1
+        return joint

@@ -1,0 +1,57 @@
+"""The driver's parameter service bound to an algorithm's driver rule, and what it learns of the agents.
+
+Agents of agent-initiated algorithms call it on their own clock; each request's header carries the
+agent's counters, which become the cycle reports the driver's observation cycles return.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Dict
+
+import numpy as np
+import torch
+
+from mpca.algorithm import DriverRule
+from mpca.runtime.reports import AgentReport
+from mpca.runtime.service import ParameterService
+
+
+class AgentService:
+    def __init__(self, rule: DriverRule, secret: bytes, wire_dtype: torch.dtype, max_payload: int, host: str,
+                 port: int, agents: int):
+        self.rule, self.agents = rule, agents
+        self.wire = np.dtype(str(wire_dtype).replace("torch.", ""))
+        self.reports: Dict[int, AgentReport] = {}
+        self.requests: Dict[int, int] = {}
+        self.cond = threading.Condition()
+        self.server = ParameterService(secret, self._handle, max_payload=max_payload, bind_host=host, port=port,
+                                       advertise_host=host).start()
+
+    @property
+    def address(self):
+        return self.server.address
+
+    def _handle(self, header: dict, payload: bytearray):
+        agent = int(header["agent"])
+        if not 0 <= agent < self.agents:
+            raise ValueError(f"no agent {agent} in this run")
+        vec = torch.from_numpy(np.frombuffer(payload, dtype=self.wire).copy())
+        reply, out = self.rule.serve(agent, header, vec)
+        with self.cond:
+            self.reports[agent] = AgentReport.from_dict({**header, "agent": agent})
+            self.requests[agent] = self.requests.get(agent, 0) + 1
+            self.cond.notify_all()
+        return reply, None if out is None else np.ascontiguousarray(out.numpy(), dtype=self.wire)
+
+    def observe(self, period_s: float) -> Dict[int, AgentReport]:
+        """Wait until every agent has called since the last observation (at most ``period_s``); their reports."""
+        deadline = time.time() + period_s
+        with self.cond:
+            seen = dict(self.requests)
+            while time.time() < deadline and any(self.requests.get(a, 0) <= seen.get(a, 0) for a in range(self.agents)):
+                self.cond.wait(max(0.0, deadline - time.time()))
+            return {a: AgentReport.from_dict(r.to_dict()) for a, r in self.reports.items()}
+
+    def close(self) -> None:
+        self.server.close()

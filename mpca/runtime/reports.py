@@ -1,0 +1,57 @@
+"""What an agent reports to the driver, as one typed record (sent as a JSON header, never pickled)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+@dataclass
+class AgentReport:
+    """One agent's answer in a cycle (or to a control job, or with a parameter-service request).
+
+    ``weight`` is its weight in the reduction (MPCA: τ, the steps since the shard was last yielded);
+    ``extra`` is whatever its algorithm's agent rule adds.  The ``t_*`` fields are wall-clock times set
+    by the exchange task: start, shard materialised, broadcast loaded, broadcast handed over, end.
+    """
+
+    agent: int
+    executor: Optional[str] = None
+    pid: Optional[int] = None
+    device: Optional[str] = None
+    gpu: List[str] = field(default_factory=list)
+    rows: Optional[int] = None
+    steps: Optional[int] = None
+    samples: Optional[int] = None
+    steps_per_s: Optional[float] = None
+    loss: Optional[float] = None
+    weight: Optional[float] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+    error: Optional[str] = None
+    t_start: Optional[float] = None
+    t_yield: Optional[float] = None
+    t_bc_loaded: Optional[float] = None
+    t_bc: Optional[float] = None
+    t_end: Optional[float] = None
+
+    @property
+    def tau(self) -> Optional[int]:
+        """MPCA's τ (Eq. 9) when the algorithm reports it."""
+        return self.extra.get("tau")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "AgentReport":
+        """Build from a received header, ignoring keys this version does not know."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def update(self, d: Dict[str, Any]) -> "AgentReport":
+        """Take the known, non-None values of ``d`` (another report's dict)."""
+        for f in dataclasses.fields(self):
+            v = d.get(f.name)
+            if v is not None and f.name != "agent":
+                setattr(self, f.name, v)
+        return self

@@ -1,0 +1,158 @@
+"""Every algorithm on a real local-cluster through the same Trainer and CLI: it trains, follows its rule,
+and resumes from its own checkpoint.  A toy algorithm defined here shows that a new one is one module."""
+import json
+import sys
+from typing import Literal
+
+import numpy as np
+import pytest
+import torch
+from pyspark import cloudpickle
+
+from mpca import cli
+from mpca.algorithm import AgentRule, Algorithm, DriverRule, algorithm_names, finish_reduction, register
+from mpca.data.datasets import dataset_dataframe, to_dataframe
+from mpca.trainer import Trainer
+from tests import helpers
+
+pytestmark = pytest.mark.cluster()
+
+
+# ----------------------------------------------------------------------------- a toy algorithm, in one place
+class ToyAgent(AgentRule):
+    """Takes the broadcast model as it is; reports how many models it was handed."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.handed = 0
+
+    def receive(self, shard, pieces, params):
+        torch._foreach_copy_(self.ctx.shards.views(shard), pieces)
+        self.handed += 1
+
+    def contribution(self, shard, params):
+        return self.ctx.shards.read(shard), 1.0, {"handed": self.handed, "marker": params["marker"]}
+
+
+class ToyDriver(DriverRule):
+    def cycle_params(self, cycle):
+        return {"marker": f"toy-{cycle}"}
+
+    def on_reduced(self, cycle, shard, partial):
+        with self.lock:
+            self.joint[shard] = finish_reduction(partial, self.joint[shard])
+        return self.joint[shard]
+
+
+@register
+class Toy(Algorithm):
+    name: Literal["toy"] = "toy"
+
+    def agent_factory(self):
+        return ToyAgent
+
+    def driver_rule(self, joint, agents):
+        return ToyDriver(joint, agents)
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import tests/
+
+
+def test_a_toy_algorithm_defined_in_one_place_runs(spark):
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+                  algorithm="toy", max_cycles=8, eval_every_cycles=4, spark=spark).fit(dataset_dataframe(spark, "digits"))
+    last = fit.timeline.cycles[-1]
+    assert sorted(last.agents) == [0, 1]
+    assert all(e.extra["marker"] == "toy-7" and e.extra["handed"] >= 5 for e in last.agents.values())
+    assert fit.final.error < 0.6 and fit.extra["algorithm"] == "toy"
+
+
+# ----------------------------------------------------------------------------- each exchange follows its rule
+def _fixed_point_df(spark):
+    rng = np.random.default_rng(0)
+    return to_dataframe(spark, rng.normal(size=(64, 1)).astype(np.float32), np.zeros(64, dtype=np.int64), 2)
+
+
+def _fixed_point_fit(spark, algorithm, **kw):
+    return Trainer(helpers.fixed_point_model, helpers.half_squared_norm, helpers.sgd_one, agents=2,
+                   algorithm=algorithm, input_shape=(1,), batch_size=8, holdout=0.0, eval_every_cycles=100,
+                   spark=spark, **kw).fit(_fixed_point_df(spark))
+
+
+def test_easgd_centre_moves_by_alpha_times_difference_per_exchange(spark):
+    """After every local step (SGD, lr 1) agent i holds exactly t_i, so each exchange moves the centre by
+    α (t_i − x̃): replaying the service's order of exchanges gives the final joint model."""
+    fit = _fixed_point_fit(spark, {"name": "easgd", "every": 2, "alpha": 0.3}, max_seconds=8)
+    driver = fit.extra["driver"]
+    order = list(driver.history)
+    assert driver.exchanges == len(order) > 20 and set(order) == {0, 1}
+    centre = torch.zeros(30, dtype=torch.float64)
+    for a in order:
+        centre = centre + 0.3 * (helpers.agent_target(a) - centre)
+    assert torch.allclose(fit.model.w.detach(), centre, rtol=0, atol=1e-9)
+
+
+def test_diloco_outer_step_is_nesterov_on_the_averaged_pseudo_gradient(spark):
+    """After H local steps agent i holds t_i, so round r's mean pseudo-gradient is x̃ − mean(t_0, t_1); the
+    joint model after N rounds is N steps of torch's own SGD(nesterov) on those gradients."""
+    fit = _fixed_point_fit(spark, {"name": "diloco", "every": 3, "outer_lr": 0.7, "outer_momentum": 0.9},
+                           max_cycles=6)
+    assert all(e.extra["round"] == c.cycle for c in fit.timeline.cycles for e in c.agents.values())
+    ref = torch.nn.Parameter(torch.zeros(30, dtype=torch.float64))
+    opt = torch.optim.SGD([ref], lr=0.7, momentum=0.9, nesterov=True)
+    mean_t = (helpers.agent_target(0) + helpers.agent_target(1)) / 2
+    for _ in fit.timeline.cycles:
+        ref.grad = ref.detach() - mean_t
+        opt.step()
+    assert torch.allclose(fit.model.w.detach(), ref.detach(), rtol=0, atol=1e-9)
+
+
+def test_sync_agents_hold_identical_models_right_after_each_exchange(spark):
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+                  algorithm={"name": "sync", "every": 5}, max_cycles=6, eval_every_cycles=100,
+                  spark=spark).fit(dataset_dataframe(spark, "digits"))
+    for c in fit.timeline.cycles:
+        reports = list(c.agents.values())
+        assert [e.extra["round"] for e in reports] == [c.cycle, c.cycle]
+        assert reports[0].extra["start_digest"] == reports[1].extra["start_digest"]  # replaced, not blended
+        assert all(e.extra["round_steps"] == 5 for e in reports)  # training paused at H steps
+    assert len({c.agents[0].extra["start_digest"] for c in fit.timeline.cycles}) == len(fit.timeline.cycles)
+
+
+def test_ddp_replicas_are_bit_identical_after_every_step(spark):
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+                  algorithm={"name": "ddp", "verify_every": 1, "observe_every_s": 0.5}, max_cycles=5,
+                  eval_every_cycles=100, spark=spark).fit(dataset_dataframe(spark, "digits"))
+    d0, d1 = (fit.timeline.cycles[-1].agents[a].extra["digests"] for a in (0, 1))
+    common = sorted(set(d0) & set(d1), key=int)
+    assert len(common) >= 20, (len(d0), len(d1))
+    assert all(d0[s] == d1[s] for s in common)
+    assert len({d0[s] for s in common}) == len(common)  # and they did move every step
+
+
+# ----------------------------------------------------------------------------- same Trainer and CLI, checkpoints
+def _cli(out, *overrides):
+    code = cli.main(["train", "-c", "conf/digits.yaml", "cluster.master=existing", f"run.output_dir={out}",
+                     "progress=log", "stop.target_error=null", "eval.every_cycles=3", *overrides])
+    summary = json.loads((out / "summary.json").read_text())
+    return code, summary
+
+
+@pytest.mark.parametrize("name", ["mpca", "single", "sync", "easgd", "diloco", "ddp"])
+def test_each_algorithm_trains_digits_through_the_cli_and_resumes_its_checkpoint(spark, tmp_path, name):
+    assert name in algorithm_names()
+    extra = ["training.agents=1"] if name == "single" else []
+    code, first = _cli(tmp_path, f"algorithm.name={name}", "stop.max_seconds=20", *extra)
+    assert code == 0 and first["algorithm"] == name, first
+    assert first["final_holdout_error"] < 0.25, first  # chance is 0.9
+    from mpca import checkpoint
+
+    ck = checkpoint.latest(first["paths"]["checkpoints"])
+    assert ck.algorithm == name and ck.cycle == first["cycles"]
+    code, second = _cli(tmp_path, f"algorithm.name={name}", "checkpoint.resume=true",
+                        f"stop.max_cycles={first['cycles'] + 3}", *extra)
+    assert code == 0 and second["first_cycle"] == first["cycles"] and second["cycles"] == first["cycles"] + 3, second
+    assert second["final_holdout_error"] < 0.25, second
+    if name != "mpca":  # a checkpoint resumes under its own algorithm only
+        assert cli.main(["train", "-c", "conf/digits.yaml", "cluster.master=existing", f"run.output_dir={tmp_path}",
+                         "algorithm.name=mpca", "checkpoint.resume=true", "training.agents=2"]) == 2

@@ -1,0 +1,139 @@
+"""Each algorithm's rules against hand-computed values, without Spark: driver rules, agent rules, registry."""
+import threading
+
+import pytest
+import torch
+
+from mpca.algorithm import AgentContext, ShardLayout, WeightedSum, build_algorithm, nesterov_outer_step
+from mpca.algorithm.diloco import DiLoCoDriver
+from mpca.algorithm.easgd import EASGDDriver
+from mpca.algorithm.mpca import MPCADriver
+from mpca.algorithm.single import ObservingDriver
+from mpca.algorithm.sync import SyncAgent, SyncDriver
+from mpca.algorithm.diloco import DiLoCoAgent
+
+
+def T(*v):
+    return torch.tensor(v, dtype=torch.float64)
+
+
+def _partial(*pairs):
+    acc = WeightedSum(None, 0.0)
+    for x, w in pairs:
+        acc = acc.combine(WeightedSum.of(x, w))
+    return acc
+
+
+def test_nesterov_outer_step_by_hand_and_as_torch_computes_it():
+    x, g1, g2 = T(1.0, 2.0), T(0.5, -1.0), T(0.1, 0.2)
+    # step 1: b = g1 = (.5, -1); x ← x − 0.7 (g1 + 0.9 b) = (1, 2) − 0.7 (0.95, −1.9) = (0.335, 3.33)
+    x1, b1 = nesterov_outer_step(x, g1, None, 0.7, 0.9)
+    assert torch.allclose(x1, T(0.335, 3.33)) and torch.allclose(b1, T(0.5, -1.0))
+    # step 2: b = 0.9 (.5, −1) + (.1, .2) = (.55, −.7); x ← x1 − 0.7 ((.1, .2) + 0.9 (.55, −.7)) = x1 − 0.7 (.595, −.43)
+    x2, b2 = nesterov_outer_step(x1, g2, b1, 0.7, 0.9)
+    assert torch.allclose(b2, T(0.55, -0.7)) and torch.allclose(x2, T(0.335 - 0.4165, 3.33 + 0.301))
+    p = torch.nn.Parameter(x.clone())
+    opt = torch.optim.SGD([p], lr=0.7, momentum=0.9, nesterov=True)
+    for g in (g1, g2):
+        p.grad = g.clone()
+        opt.step()
+    assert torch.allclose(p.detach(), x2)
+    with pytest.raises(ValueError):
+        nesterov_outer_step(x, g1, None, 0.7, 1.0)
+
+
+def test_diloco_driver_steps_on_the_mean_pseudo_gradient():
+    d = DiLoCoDriver([T(1.0, 2.0)], 2, lr=0.7, momentum=0.9)
+    assert d.cycle_params(0) == {"round": 0}
+    # pseudo-gradients (x̃ − x_i) of two agents: (0, −0.5) and (1, −1.5) → mean (0.5, −1)
+    out = d.on_reduced(0, 0, _partial((T(0.0, -0.5), 1.0), (T(1.0, -1.5), 1.0)))
+    assert torch.allclose(out, T(0.335, 3.33)) and torch.allclose(d.joint[0], out)
+    assert d.cycle_params(1) == {"round": 1}
+    state = d.state_dict()
+    d2 = DiLoCoDriver([T(0.0, 0.0)], 2, 0.7, 0.9)
+    d2.load_state_dict(state)
+    assert torch.equal(d2.joint[0], out) and torch.equal(d2.momentum_buf, T(0.5, -1.0))
+
+
+def test_sync_driver_replaces_the_joint_model_by_the_average():
+    d = SyncDriver([T(9.0, 9.0)], 2)
+    out = d.on_reduced(0, 0, _partial((T(1.0, 2.0), 1.0), (T(3.0, 6.0), 1.0)))
+    assert torch.equal(out, T(2.0, 4.0)) and torch.equal(d.joint_vectors()[0], T(2.0, 4.0))
+
+
+def test_easgd_centre_moves_by_alpha_times_the_difference():
+    d = EASGDDriver([T(1.0, 1.0)], 2, alpha=0.25)
+    reply, diff = d.serve(1, {"op": "easgd"}, T(5.0, -3.0))
+    assert reply["ok"] and torch.allclose(diff, T(1.0, -1.0))  # α (x_i − x̃)
+    assert torch.allclose(d.joint[0], T(2.0, 0.0))  # Eq. 3
+    assert list(d.history) == [1] and d.exchanges == 1
+    with pytest.raises(ValueError):
+        d.serve(0, {"op": "easgd"}, T(1.0))
+    assert build_algorithm({"name": "easgd"}).driver_rule([T(0.0)], 4).alpha == pytest.approx(0.225)  # 0.9 / K
+
+
+def test_mpca_driver_is_eqs_9_8_4_5_and_sends_alpha():
+    algo = build_algorithm({"name": "mpca", "shards": 1, "delta": 0.5, "beta": {"start": 0.5, "target": 0.5},
+                            "gamma": {"start": 1.0, "target": 1.0}, "alpha": {"hold_cycles": 0, "peak": 0.3,
+                                                                                "target": 0.3}})
+    d = algo.driver_rule([T(0.0, 0.0)], 2)
+    assert isinstance(d, MPCADriver) and d.cycle_params(0) == {"alpha": 0.3}
+    # R = (1·(2,0) + 3·(2,4)) / 4 = (2, 3); x̃ = ½·0 + ½·R = (1, 1.5); ṽ = ½·(1, 1.5); x* = x̃ + ṽ
+    star = d.on_reduced(0, 0, _partial((T(2.0, 0.0), 1.0), (T(2.0, 4.0), 3.0)))
+    assert torch.allclose(d.joint[0], T(1.0, 1.5)) and torch.allclose(star, T(1.5, 2.25))
+
+
+def test_observing_driver_keeps_the_model_and_broadcasts_nothing():
+    d = ObservingDriver([T(0.0)], 1, observe_every_s=2.0)
+    assert d.on_reduced(0, 0, _partial((T(4.0), 1.0))) is None and torch.equal(d.joint[0], T(4.0))
+    assert d.min_cycle_interval_s == 2.0
+
+
+def _ctx(model):
+    layout = ShardLayout.from_module(model, 1)
+    return AgentContext(agent_id=0, agents=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+                        shards=layout.bind_module(model), device=torch.device("cpu"), lock=threading.Lock())
+
+
+def test_round_agent_pauses_after_every_steps_and_restarts_from_the_delivery():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    a = SyncAgent(_ctx(model), every=2)
+    a.after_step()
+    a.between_steps()  # 1 of 2 steps: returns at once
+    with pytest.raises(TimeoutError):
+        a.yield_ready(0, {"round": 0}, 0.05)  # round 0 not finished
+    a.after_step()
+    a.yield_ready(0, {"round": 0}, 0.05)
+    blocked = threading.Thread(target=a.between_steps)
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive()  # the training loop waits for the average
+    avg = torch.arange(3, dtype=torch.float32)
+    a.receive(0, a.ctx.shards.split(0, avg), {})
+    blocked.join(2)
+    assert not blocked.is_alive() and torch.equal(a.ctx.shards.read(0), avg)
+    vec, weight, extra = a.contribution(0, {"round": 1})
+    assert weight == 1.0 and extra["round"] == 1 and extra["round_steps"] == 0
+
+
+def test_diloco_agent_sends_start_of_round_minus_local_model():
+    model = torch.nn.Linear(2, 1)
+    a = DiLoCoAgent(_ctx(model), every=1)
+    start = a.ctx.shards.read(0)
+    with torch.no_grad():
+        model.weight += 1.0
+    vec, weight, _ = a.contribution(0, {"round": 0})
+    assert torch.allclose(vec, torch.tensor([-1.0, -1.0, 0.0])) and weight == 1.0
+    new = start + 5
+    a.receive(0, a.ctx.shards.split(0, new), {})
+    assert torch.equal(a.round_start, new)  # the next pseudo-gradient is measured from the delivered model
+
+
+def test_unknown_and_misconfigured_algorithms_fail_eagerly():
+    with pytest.raises(ValueError, match="unknown algorithm 'adam'"):
+        build_algorithm("adam")
+    with pytest.raises(ValueError):
+        build_algorithm({"name": "diloco", "outer_momentum": 1.0})
+    with pytest.raises(ValueError, match="trains one agent"):
+        build_algorithm("single").check_agents(2)
