@@ -38,6 +38,10 @@ def _bench(args) -> int:
         from mpca.bench.pull import main as pull_main
 
         return pull_main(args.rest)
+    if args.which == "compare":
+        from mpca.bench.compare import main as compare_main
+
+        return compare_main(args.rest)
     from mpca.bench.exchange import main as exchange_main
 
     return exchange_main(args.rest)
@@ -56,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("dataset", choices=["digits", "mnist5k"])
     d.add_argument("path")
     d.set_defaults(func=_data)
-    b = sub.add_parser("bench", help="benchmarks: pull (Eq. 7 cost) or exchange (runtime)")
-    b.add_argument("which", choices=["pull", "exchange"])
+    b = sub.add_parser("bench", help="benchmarks: compare (time to accuracy per algorithm), pull (Eq. 7 cost), "
+                                     "exchange (runtime)")
+    b.add_argument("which", choices=["compare", "pull", "exchange"])
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)
     return ap

@@ -152,6 +152,11 @@ class Settings(_Strict):
     def _algorithm(cls, v):
         return build_algorithm(v)
 
+    @field_validator("progress", mode="before")
+    @classmethod
+    def _progress_off(cls, v):
+        return "off" if v is False else v  # YAML reads a bare `off` as false
+
     @model_validator(mode="after")
     def _fits(self):
         import re

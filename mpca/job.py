@@ -87,8 +87,17 @@ def _check_output_dir(path: str) -> None:
         raise UserError(f"run.output_dir {path!r} is not writable: {e.strerror or e}") from None
 
 
+def training_functions(cfg: JobConfig):
+    """(model_fn, loss_fn, optimizer_fn) of a job, picklable for the executors."""
+    from mpca.models import build_model
+
+    opt = cfg.optimizer
+    return (functools.partial(build_model, cfg.model.name, dict(cfg.model.args)), cross_entropy,
+            functools.partial(build_optimizer, opt.name, opt.lr, opt.momentum, opt.weight_decay))
+
+
 def run(cfg: JobConfig, spark=None) -> JobResult:
-    from mpca.models import build_model, check_model_name
+    from mpca.models import check_model_name
     from mpca.report import plot_history, summary_table, write_history_csv
     from mpca.trainer import Trainer
 
@@ -102,10 +111,7 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
     t0 = time.time()
     try:
         df = _data(spark, cfg)
-        model_fn = functools.partial(build_model, cfg.model.name, dict(cfg.model.args))
-        opt = cfg.optimizer
-        optimizer_fn = functools.partial(build_optimizer, opt.name, opt.lr, opt.momentum, opt.weight_decay)
-        trainer = Trainer(model_fn, cross_entropy, optimizer_fn, cfg, spark=spark)  # the settings, passed down whole
+        trainer = Trainer(*training_functions(cfg), cfg, spark=spark)  # the settings, passed down whole
         fit = trainer.fit(df)
     finally:
         if own_session:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Dict, Optional, Sequence
 
 
 def write_history_csv(history, path: str) -> str:
@@ -26,16 +26,22 @@ def _per_agent(d) -> str:
 
 def plot_history(history, path: str, title: str = "MPCA SGD", target: Optional[float] = None) -> str:
     """Holdout error against wall time (like the paper's Fig. 13a)."""
+    return plot_curves({"holdout error": history}, path, title, [target] if target is not None else [])
+
+
+def plot_curves(histories: Dict[str, object], path: str, title: str, targets: Sequence[float] = ()) -> str:
+    """Holdout error against wall time, one curve per labelled history (e.g. one per algorithm)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    h = history.dropna(subset=["holdout_error"])
-    ax.plot(h["wall_s"], 100 * h["holdout_error"], marker="o", ms=3, label="holdout error")
-    if target is not None:
-        ax.axhline(100 * target, color="grey", ls="--", lw=1, label=f"target {100 * target:.1f}%")
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
+    for label, history in histories.items():
+        h = history.dropna(subset=["holdout_error"])
+        ax.plot(h["wall_s"], 100 * h["holdout_error"], marker="o", ms=3, label=label)
+    for i, t in enumerate(targets):
+        ax.axhline(100 * t, color="grey", ls="--", lw=1, label="target" if i == 0 else None)
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("holdout error (%)")
     ax.set_title(title)

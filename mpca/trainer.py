@@ -215,4 +215,5 @@ class Trainer:
                          stop_reason, final,
                          extra={"run_id": run.run_id, "algorithm": self.settings.algorithm.name, "jobs": dict(pipe.jobs),
                                 "job_group": pipe.job_group, "broadcasts": dict(pipe.broadcasts),
-                                "layout": run.layout.describe(), "first_cycle": first_cycle, "driver": run.rule})
+                                "layout": run.layout.describe(), "first_cycle": first_cycle, "driver": run.rule,
+                                "service_bytes": run.service.bytes_in + run.service.bytes_out if run.service else 0})

@@ -110,6 +110,10 @@ class DriverRule:
     def num_shards(self) -> int:
         return len(self.joint)
 
+    def shard_nbytes(self, shard: int) -> int:
+        j = self.joint[shard]
+        return j.numel() * j.element_size()
+
     def reduce_shard(self, cycle: int) -> Optional[int]:
         """The shard every agent yields in ``cycle`` (None: nothing is reduced)."""
         return cycle % self.num_shards

@@ -41,6 +41,7 @@ class DDPAgent(AgentRule):
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.verify_every = verify_every
         self.steps = 0
+        self.wire_bytes = 0  # sent by a ring all-reduce: 2 (K − 1) / K of the gradient per step
         self.requested = False
         self.stop_all = False
         self.digests = collections.OrderedDict()
@@ -54,6 +55,7 @@ class DDPAgent(AgentRule):
         flag = torch.ones(1, device=self.ctx.device) if self.requested else torch.zeros(1, device=self.ctx.device)
         flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [flag])
         self.dist.all_reduce(flat)
+        self.wire_bytes += int(flat.numel() * flat.element_size() * 2 * (self.ctx.agents - 1) / self.ctx.agents)
         flat /= self.ctx.agents
         off = 0
         for p, g in zip(self.params, grads):
@@ -70,7 +72,8 @@ class DDPAgent(AgentRule):
                 self.digests.popitem(last=False)
 
     def contribution(self, shard, params):
-        return self.ctx.shards.read(0), 1.0, {"digests": {str(k): v for k, v in self.digests.items()}}
+        return self.ctx.shards.read(0), 1.0, {"digests": {str(k): v for k, v in self.digests.items()},
+                                              "wire_bytes": self.wire_bytes}
 
     def close(self) -> None:
         if self.dist.is_initialized():

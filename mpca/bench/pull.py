@@ -2,9 +2,11 @@
 
     python -m mpca.bench.pull [--model resnet110] [--batch 64] [--repeats 15]
 
-Measures, in one run and on the same replica, the median time of (a) the fused
-elastic pull over all S shards and (b) a forward + backward + optimizer step,
-on CPU and (when present) on CUDA, and prints the pull's share of a step.
+Measures, in one run and on the same replica, the median time of (a) what an
+MPCA agent does before every step — its agent rule's ``before_step``, one fused
+Eq. 7 pull over all S shards' targets, as delivered through ``receive`` — and
+(b) a forward + backward + optimizer step, on CPU and (when present) on CUDA,
+and prints the pull's share of a step.
 """
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ import time
 
 import torch
 
-from mpca.algorithm import ShardLayout, elastic_pull_
+import threading
+
+from mpca.algorithm import AgentContext, ShardLayout
+from mpca.algorithm.mpca import MPCAAgent
 from mpca.models import SmallCNN, resnet110
 
 MODELS = {
@@ -50,11 +55,12 @@ def measure(model_name: str, device: torch.device, batch: int, repeats: int, sha
     y = torch.randint(0, 10, (batch,), device=device)
     layout = ShardLayout.from_module(model, shards)
     bound = layout.bind_module(model)
-    targets = [bound.split(s, bound.read(s, device=device) + 0.01) for s in range(shards)]
-
-    def pull():
-        for s in range(shards):
-            elastic_pull_(bound.views(s), targets[s], 0.05)
+    ctx = AgentContext(agent_id=0, agents=2, model=model, optimizer=opt, shards=bound, device=device,
+                       lock=threading.Lock())
+    agent = MPCAAgent(ctx)  # the agent's own rule, with its targets delivered as the runtime delivers them
+    for s in range(shards):
+        agent.receive(s, bound.split(s, bound.read(s, device=device) + 0.01), {"alpha": 0.05})
+    pull = agent.before_step
 
     def step():
         opt.zero_grad(set_to_none=True)

@@ -89,6 +89,7 @@ class Agent:
         self.lock = threading.Lock()
         self.steps = 0
         self.samples = 0
+        self.exchange_s = 0.0  # time the training loop spent in the rule's communicating hooks (not computing)
         self.last_loss = float("nan")
         self.claimed_token = ""
         self.last_contact = time.time()
@@ -131,7 +132,9 @@ class Agent:
                         break
                     idx = order[lo:lo + bs]
                     self.step(self.features[idx], self.labels[idx])
-                    self.rule.between_steps()
+                    t = time.perf_counter()
+                    self.rule.between_steps()  # may wait for a round or talk to the parameter service
+                    self.exchange_s += time.perf_counter() - t
                 if time.time() - self.last_contact > self.spec.idle_timeout_s:
                     self.error = f"agent {self.id}: no exchange for {self.spec.idle_timeout_s:.0f}s; driver presumed gone"
                     break
@@ -144,7 +147,9 @@ class Agent:
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.spec.loss_fn(self.model(x), y)
             loss.backward()
-            self.rule.after_backward()
+            t = time.perf_counter()
+            self.rule.after_backward()  # e.g. DDP's all-reduce
+            self.exchange_s += time.perf_counter() - t
             self.optimizer.step()
             self.rule.after_step()
             self.steps += 1
@@ -160,7 +165,8 @@ class Agent:
         t0, s0 = self._rate_mark
         rate = (self.steps - s0) / (now - t0) if now > t0 else 0.0
         self._rate_mark = (now, self.steps)
-        return {"steps": self.steps, "samples": self.samples, "loss": self.last_loss, "steps_per_s": rate}
+        return {"steps": self.steps, "samples": self.samples, "loss": self.last_loss, "steps_per_s": rate,
+                "exchange_s": self.exchange_s, "alive_s": now - self.started}
 
     def report(self, **kw) -> AgentReport:
         return AgentReport(agent=self.id, executor=self.executor, pid=os.getpid(), device=str(self.device),
@@ -195,8 +201,8 @@ class Agent:
             with self.lock:  # materialize the shard between two steps
                 vec, weight, extra = self.rule.contribution(s, params)
                 counters = self._counters()
-            rep = self.report(weight=float(weight), extra=extra, steps_per_s=counters["steps_per_s"],
-                              loss=counters["loss"])
+            rep = self.report(weight=float(weight), extra=extra, **{k: counters[k] for k in
+                                                                  ("steps_per_s", "loss", "exchange_s", "alive_s")})
             return rep.to_dict(), vec.numpy().tobytes()
         if op == "stop":
             self.stop_requested = True
@@ -229,7 +235,8 @@ class Agent:
             conn.close()
 
     def summary(self) -> dict:
-        return {**self.report().to_dict(), "wall_s": time.time() - self.started}
+        return {**self.report(exchange_s=self.exchange_s, alive_s=time.time() - self.started).to_dict(),
+                "wall_s": time.time() - self.started}
 
     def close(self) -> None:
         try:

@@ -24,6 +24,7 @@ class AgentService:
         self.wire = np.dtype(str(wire_dtype).replace("torch.", ""))
         self.reports: Dict[int, AgentReport] = {}
         self.requests: Dict[int, int] = {}
+        self.bytes_in = self.bytes_out = 0  # payloads received from / sent to agents
         self.cond = threading.Condition()
         self.server = ParameterService(secret, self._handle, max_payload=max_payload, bind_host=host, port=port,
                                        advertise_host=host).start()
@@ -41,6 +42,8 @@ class AgentService:
         with self.cond:
             self.reports[agent] = AgentReport.from_dict({**header, "agent": agent})
             self.requests[agent] = self.requests.get(agent, 0) + 1
+            self.bytes_in += len(payload)
+            self.bytes_out += 0 if out is None else out.numel() * out.element_size()
             self.cond.notify_all()
         return reply, None if out is None else np.ascontiguousarray(out.numpy(), dtype=self.wire)
 

@@ -160,6 +160,9 @@ class ExchangePipeline:
             self._destroy(staged.bc)
         rec.agents = dict(result["agents"])
         self.last_agent_reports.update(rec.agents)
+        nbytes = self.rule.shard_nbytes
+        rec.bytes_up = sum(nbytes(r) for e in rec.agents.values() if e.t_yield)
+        rec.bytes_down = sum(nbytes(staged.shard) for e in rec.agents.values() if e.t_bc) if staged else 0
         yields = [e.t_yield for e in rec.agents.values() if e.t_yield]
         bcs = [e.t_bc for e in rec.agents.values() if e.t_bc]
         rec.reduce_start = min(yields) if yields else None

@@ -25,6 +25,8 @@ class AgentReport:
     samples: Optional[int] = None
     steps_per_s: Optional[float] = None
     loss: Optional[float] = None
+    exchange_s: Optional[float] = None  # time its training loop spent waiting in exchange hooks
+    alive_s: Optional[float] = None  # time since it started training
     weight: Optional[float] = None
     extra: Dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None

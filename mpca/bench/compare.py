@@ -1,0 +1,243 @@
+"""Time to accuracy, algorithm against algorithm, on the same cluster, data, model, seed and targets.
+
+    mpca bench compare [-c conf/mnist_mlp.yaml] [--algorithms mpca,sync,easgd,diloco,ddp,single]
+                       [--ablations] [--targets 0.3,0.2,0.1] [--max-seconds 120] [--repeats 1]
+                       [--network none|1gbit|100mbit] [--out runs/compare] [key=value ...]
+
+Runs the chosen algorithms one after another (and, with ``--ablations``, the paper's MPCA ablations:
+γ = 0 without extrapolation, Fig. 10a; unweighted instead of τ-weighted reduction, Fig. 10c; S = 1 and 2
+phases, §4.2) and writes to ``--out``: ``compare.csv`` (a table like the paper's Table 2: time to each
+target per algorithm, ratios to ``single`` and to ``mpca``), ``compare.json`` (per algorithm: time to each
+target, final error, bytes moved, duty cycle; for the run: network, communication/computation ratio of
+one model exchange, cycle overlap), ``compare.png`` (error against wall time) and each run's history.
+``--network`` runs everything on the emulated cluster of :mod:`mpca.bench.netcluster` when this machine
+allows it (root, network namespaces), else on local-cluster, labelled as such.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from typing import Dict, List, Optional
+
+ABLATIONS = {
+    "mpca:gamma0": {"name": "mpca", "gamma": {"start": 0.0, "target": 0.0}},  # no extrapolation (Fig. 10a)
+    "mpca:uniform": {"name": "mpca", "weighting": "uniform"},  # unweighted reduction (Fig. 10c)
+    "mpca:S1": {"name": "mpca", "shards": 1},  # one phase (Fig. 6)
+    "mpca:S2": {"name": "mpca", "shards": 2},  # two phases (Fig. 7)
+}
+DEFAULT_CONFIG = "conf/mnist_mlp.yaml"  # ≈1.3 M parameters: communication matters, unlike the digits CNN
+
+
+def time_to(history, target: float) -> float:
+    """Wall seconds until the holdout error first reached ``target`` (nan if it never did)."""
+    h = history.dropna(subset=["holdout_error"])
+    hit = h[h["holdout_error"] <= target]
+    return float(hit["wall_s"].iloc[0]) if len(hit) else math.nan
+
+
+def _median(values: List[float]) -> float:
+    vals = [v for v in values if not math.isnan(v)]
+    return statistics.median(vals) if len(vals) == len(values) and vals else math.nan
+
+
+def _traffic(fit) -> int:
+    """Payload bytes the algorithm moved: through Spark (reductions, broadcasts), the parameter service,
+    and agent to agent (what the agents report as ``wire_bytes``)."""
+    spark = sum(c.bytes_up + c.bytes_down for c in fit.timeline.cycles)
+    p2p = sum(int((r.extra or {}).get("wire_bytes", 0)) for r in fit.timeline.cycles[-1].agents.values()) \
+        if fit.timeline.cycles else 0
+    return spark + int(fit.extra.get("service_bytes", 0)) + p2p
+
+
+def _duty(fit) -> float:
+    """Share of the agents' time spent computing rather than waiting in exchange hooks."""
+    alive = sum(float(a.get("alive_s") or 0) for a in fit.agents)
+    waiting = sum(float(a.get("exchange_s") or 0) for a in fit.agents)
+    return 1.0 - waiting / alive if alive > 0 else math.nan
+
+
+def _comm_comp(fit) -> Optional[float]:
+    """Communication/computation ratio of one model exchange (paper Table 1): the time the pipeline needs
+    to move the whole model once (median cycle × S) over the time of one local step."""
+    cycles = [c.t_end - c.t_submit for c in fit.timeline.cycles[3:] if c.reduce_shard is not None]
+    rates = [r.steps_per_s for c in fit.timeline.cycles[3:] for r in c.agents.values() if r.steps_per_s]
+    if not cycles or not rates:
+        return None
+    shards = len({c.reduce_shard for c in fit.timeline.cycles})
+    return statistics.median(cycles) * shards * statistics.median(rates)
+
+
+def run_one(spark, cfg, label: str, algorithm: dict, targets: List[float], max_seconds: float, out: str) -> dict:
+    from mpca import job
+    from mpca.config import settings_from
+    from mpca.trainer import Trainer
+
+    overrides = {"algorithm": algorithm, "stop": {"max_seconds": max_seconds, "target_error": min(targets)},
+                 "eval": {"every_cycles": None, "every_seconds": max(0.5, max_seconds / 60)},
+                 "checkpoint": {"dir": os.path.join(out, label.replace(":", "-"), "checkpoints"),
+                                "every_cycles": 10 ** 9, "init_from": cfg.checkpoint.init_from}}
+    if algorithm["name"] == "single":
+        overrides["agents"] = 1
+    settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"}, **overrides)
+    print(f"--- {label}: {settings.training.agents} agent(s), up to {max_seconds:.0f}s", flush=True)
+    fit = Trainer(*job.training_functions(cfg), settings, spark=spark).fit(job._data(spark, cfg))
+    os.makedirs(os.path.join(out, label.replace(":", "-")), exist_ok=True)
+    fit.history.to_csv(os.path.join(out, label.replace(":", "-"), "history.csv"), index=False)
+    return {"label": label, "algorithm": algorithm, "agents": settings.training.agents, "history": fit.history,
+            "time_to": {t: time_to(fit.history, t) for t in targets}, "final_error": fit.final.error,
+            "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": _traffic(fit), "duty_cycle": _duty(fit),
+            "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None,
+            "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None}
+
+
+def _warm_up(spark, cfg, out: str) -> None:
+    """A short unrecorded run first, so that no algorithm pays for starting the executors' Python workers
+    (importing torch there takes seconds) and the JVMs' warm-up."""
+    from mpca import job
+    from mpca.config import settings_from
+    from mpca.trainer import Trainer
+
+    settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"}, algorithm="mpca",
+                             stop={"max_cycles": 3}, eval={"every_cycles": 100},
+                             checkpoint={"dir": os.path.join(out, "warm-up"), "every_cycles": 10 ** 9}, progress="off")
+    Trainer(*job.training_functions(cfg), settings, spark=spark).fit(job._data(spark, cfg))
+
+
+def table(results: Dict[str, dict], targets: List[float]) -> "object":
+    """One row per algorithm: median time to each target, and its ratio to ``single`` and to ``mpca``."""
+    import pandas as pd
+
+    rows = []
+    for label, r in results.items():
+        row = {"algorithm": label}
+        for t in targets:
+            v = r["time_to"][t]
+            row[f"t({100 * t:g}%) s"] = v
+            for ref in ("single", "mpca"):
+                base = results.get(ref, {}).get("time_to", {}).get(t, math.nan)
+                row[f"t({100 * t:g}%)/{ref}"] = v / base if base and not math.isnan(base) else math.nan
+        row.update({"final error %": 100 * r["final_error"], "MB moved": r["bytes"] / 1e6,
+                    "duty cycle": r["duty_cycle"]})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: float, repeats: int, out: str,
+            network: str) -> dict:
+    from mpca.report import plot_curves
+
+    os.makedirs(out, exist_ok=True)
+    _warm_up(spark, cfg, out)
+    results: Dict[str, dict] = {}
+    for label in labels:
+        algo = ABLATIONS.get(label) or {"name": label}
+        runs = [run_one(spark, cfg, label if repeats == 1 else f"{label}:r{i}", algo, targets, max_seconds, out)
+                for i in range(repeats)]
+        first = runs[0]
+        results[label] = {**first, "time_to": {t: _median([r["time_to"][t] for r in runs]) for t in targets},
+                          "final_error": statistics.median(r["final_error"] for r in runs),
+                          "bytes": statistics.median(r["bytes"] for r in runs),
+                          "duty_cycle": statistics.median(r["duty_cycle"] for r in runs), "repeats": len(runs)}
+    tab = table(results, targets)
+    tab.to_csv(os.path.join(out, "compare.csv"), index=False)
+    mpca = results.get("mpca", {})
+    summary = {
+        "network": network, "targets": targets, "max_seconds": max_seconds, "repeats": repeats,
+        "model": cfg.model.name, "model_args": cfg.model.args, "data": cfg.data.dataset or cfg.data.path,
+        "comm_comp_ratio": mpca.get("comm_comp"), "cycle_overlap": mpca.get("overlap"),
+        "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
+                                                  "duty_cycle", "repeats")}
+                       | {"time_to": {str(t): r["time_to"][t] for t in targets}} for label, r in results.items()},
+    }
+    with open(os.path.join(out, "compare.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=lambda v: None)
+    plot_curves({label: r["history"] for label, r in results.items()}, os.path.join(out, "compare.png"),
+                f"time to accuracy ({network}, {cfg.model.name})", targets)
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_columns", 40, "display.float_format", "{:.3g}".format):
+        print(f"\nnetwork: {network} | model {cfg.model.name} | comm/comp of one model exchange: "
+              f"{summary['comm_comp_ratio'] if summary['comm_comp_ratio'] is None else round(summary['comm_comp_ratio'], 2)}"
+              f" | cycle overlap {summary['cycle_overlap']}")
+        print(tab.to_string(index=False))
+    print(f"\nwrote {out}/compare.csv, compare.json, compare.png", flush=True)
+    return summary
+
+
+def _session(cfg, network: str):
+    """The Spark session: the emulated cluster's master when this process runs inside one, else local-cluster."""
+    master = os.environ.get("MPCA_SPARK_MASTER")
+    from mpca.runtime.cluster import local_session
+
+    if master:
+        from pyspark.sql import SparkSession
+
+        b = (SparkSession.builder.master(master).appName("mpca-compare")
+             .config("spark.driver.host", os.environ["MPCA_DRIVER_HOST"])
+             .config("spark.executor.resource.agentslot.amount", "1")
+             .config("spark.pyspark.python", sys.executable).config("spark.ui.enabled", "false")
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true"))
+        for key, value in cfg.cluster.conf.items():
+            b = b.config(key, value)
+        spark = b.getOrCreate()
+        return spark, f"{network} (emulated cluster: standalone master, workers in network namespaces)"
+    import re
+
+    m = re.fullmatch(r"local-cluster\[(\d+),(\d+),(\d+)\]", cfg.cluster.master)
+    k, c, mb = (int(g) for g in m.groups()) if m else (cfg.training.agents, 2, 1024)
+    spark = local_session(k, c, mb, app_name="mpca-compare", conf=cfg.cluster.conf)
+    return spark, "none (local-cluster on one machine)" if network == "none" else \
+        f"local-cluster on one machine (no {network} emulation here)"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="mpca bench compare", description=__doc__.splitlines()[0])
+    ap.add_argument("-c", "--config", action="append", default=[], help=f"job YAML (default {DEFAULT_CONFIG})")
+    ap.add_argument("--algorithms", default="mpca,sync,easgd,diloco,ddp,single")
+    ap.add_argument("--ablations", action="store_true", help="add mpca:gamma0, mpca:uniform, mpca:S1, mpca:S2")
+    ap.add_argument("--targets", default="0.3,0.2,0.1", help="holdout errors, comma-separated")
+    ap.add_argument("--max-seconds", type=float, default=120.0, help="per algorithm and repeat")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--network", choices=["none", "1gbit", "100mbit"], default="none")
+    ap.add_argument("--out", default="runs/compare")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides of the job config")
+    args = ap.parse_args(argv)
+    from mpca.algorithm import algorithm_names
+    from mpca.config import load_config
+    from mpca.errors import UserError
+
+    labels = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    for a in labels:
+        if a not in algorithm_names() and a not in ABLATIONS:
+            raise UserError(f"--algorithms: unknown {a!r}; choose from {', '.join(algorithm_names())}")
+    if args.ablations:
+        labels += [a for a in ABLATIONS if a not in labels]
+    try:
+        targets = sorted((float(t) for t in args.targets.split(",")), reverse=True)
+    except ValueError:
+        raise UserError(f"--targets must be numbers like 0.3,0.2,0.1, got {args.targets!r}") from None
+    if not targets or not all(0 < t < 1 for t in targets) or args.repeats < 1 or args.max_seconds <= 0:
+        raise UserError("--targets must lie in (0, 1), --repeats >= 1 and --max-seconds > 0")
+    cfg = load_config(args.config or [DEFAULT_CONFIG], args.overrides)
+    if args.network != "none" and not os.environ.get("MPCA_SPARK_MASTER"):
+        from mpca.bench import netcluster
+
+        ok, why = netcluster.available()
+        if ok:  # run this same command again inside the emulated cluster
+            with netcluster.NetCluster(workers=cfg.training.agents, link=args.network) as nc:
+                return nc.run_in_driver([sys.executable, "-m", "mpca.bench.compare", *(argv or sys.argv[1:])])
+        print(f"mpca bench compare: {why}; falling back to local-cluster (results labelled as such)", file=sys.stderr)
+    spark, network = _session(cfg, args.network)
+    try:
+        compare(spark, cfg, labels, targets, args.max_seconds, args.repeats, args.out, network)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""`mpca bench compare` on the shared local-cluster: every algorithm on the same data, model, seed and targets."""
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from mpca.bench.compare import compare, time_to
+from mpca.config import load_config
+
+pytestmark = pytest.mark.cluster()
+
+
+def test_time_to_target_reads_the_first_crossing():
+    h = pd.DataFrame({"wall_s": [1.0, 2.0, 3.0, 4.0], "holdout_error": [0.5, 0.2, 0.25, 0.05]})
+    assert time_to(h, 0.2) == 2.0 and time_to(h, 0.05) == 4.0 and math.isnan(time_to(h, 0.01))
+
+
+def test_compare_writes_table_json_and_plot_for_each_algorithm(spark, tmp_path):
+    cfg = load_config(["conf/digits.yaml"], ["progress=off"])
+    summary = compare(spark, cfg, ["mpca", "single", "mpca:gamma0"], [0.5, 0.2], 10.0, 1, str(tmp_path), "none (test)")
+    tab = pd.read_csv(tmp_path / "compare.csv")
+    assert list(tab["algorithm"]) == ["mpca", "single", "mpca:gamma0"]
+    assert {"t(50%) s", "t(50%)/single", "t(50%)/mpca", "final error %", "MB moved", "duty cycle"} <= set(tab.columns)
+    single = tab.set_index("algorithm").loc["single"]
+    assert single["t(50%)/single"] == pytest.approx(1.0) and single["MB moved"] > 0  # observing costs bytes too
+    js = json.loads((tmp_path / "compare.json").read_text())
+    assert js == json.loads(json.dumps(summary, default=lambda v: None))
+    assert set(js["algorithms"]) == {"mpca", "single", "mpca:gamma0"} and js["network"] == "none (test)"
+    for label, r in js["algorithms"].items():
+        assert r["final_error"] < 0.5, (label, r)  # each learned on the same data
+        assert 0 < r["duty_cycle"] <= 1
+    assert js["algorithms"]["mpca:gamma0"]["algorithm"]["gamma"] == {"start": 0.0, "target": 0.0}
+    assert js["comm_comp_ratio"] > 0 and (tmp_path / "compare.png").stat().st_size > 10_000
+    assert (tmp_path / "mpca" / "history.csv").exists()
