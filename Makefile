@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test unit demo bench-pull bench-exchange clean
+.PHONY: install test unit demo bench-compare bench-pull bench-exchange clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ unit: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(VENV)/bin/mpca train --config conf/digits.yaml
+
+bench-compare: $(VENV)/.installed
+	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(VENV)/bin/mpca bench compare --out runs/compare
 
 bench-exchange: $(VENV)/.installed
 	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(PY) -m mpca.bench.exchange

@@ -100,6 +100,7 @@ class DriverRule:
     the algorithm keeps; everything it must survive a restart with goes through :meth:`state_dict`."""
 
     min_cycle_interval_s: float = 0.0  # observation-only algorithms need not exchange as fast as possible
+    deliver_before_yield: bool = False  # rounds: an agent's next contribution needs the delivery first
 
     def __init__(self, joint: List[torch.Tensor], agents: int):
         self.joint = [j.detach().clone() for j in joint]

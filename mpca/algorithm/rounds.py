@@ -71,6 +71,8 @@ class RoundAgent(AgentRule):
 class RoundDriver(DriverRule):
     """Numbers the rounds: the cycle after ``n`` reductions of this run collects round ``n``."""
 
+    deliver_before_yield = True  # where task slots are scarce, the agent must get its model before it can yield
+
     def __init__(self, joint: List[torch.Tensor], agents: int):
         super().__init__(joint, agents)
         if len(joint) != 1:

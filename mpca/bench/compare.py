@@ -185,6 +185,10 @@ def _session(cfg, network: str):
             b = b.config(key, value)
         spark = b.getOrCreate()
         return spark, f"{network} (emulated cluster: standalone master, workers in network namespaces)"
+    if cfg.cluster.master == "existing":  # spark-submit spark_jobs/benchmark.py compare ... (its cluster, its network)
+        from pyspark.sql import SparkSession
+
+        return SparkSession.builder.appName("mpca-compare").getOrCreate(), f"{network} (the submitted cluster)"
     import re
 
     m = re.fullmatch(r"local-cluster\[(\d+),(\d+),(\d+)\]", cfg.cluster.master)

@@ -36,11 +36,13 @@ class ComputeHeavyMLP(nn.Module):
 
 
 class FlatModel(nn.Module):
-    """A model that is one big parameter vector of ``numel`` floats with a cheap forward (cycle-time bench)."""
+    """A model that is one big parameter vector of ``numel`` floats with a cheap forward (cycle-time bench).
+
+    Random, not zero: Spark compresses broadcast blocks, and zeros would cross the wire as almost nothing."""
 
     def __init__(self, numel: int):
         super().__init__()
-        self.w = nn.Parameter(torch.zeros(numel))
+        self.w = nn.Parameter(torch.randn(numel, generator=torch.Generator().manual_seed(0)) * 0.01)
 
     def forward(self, x):
         return x.flatten(1)[:, :10] * self.w[:10]

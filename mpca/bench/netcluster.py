@@ -568,10 +568,11 @@ class NetCluster:
 
     def describe(self) -> str:
         limit = (f"{self.link} per port, both directions (tc tbf)" if self.bits else "unlimited (no qdisc)")
+        spark = (f"Spark standalone master {self.master_url}, {self.cores} core(s) and {self.memory_mb} MB per "
+                 f"worker, {AGENT_SLOT} x1" if self.with_spark else "no Spark")
         return (f"emulated cluster {self.prefix or '(not up)'}: driver {self.driver_ip} + {self.workers} worker "
                 f"host(s) ({', '.join(f'{n} {self.hosts[n]}' for n in self.worker_names)}) as network namespaces "
-                f"on one bridge; link {limit}; no latency/loss emulation; Spark standalone master "
-                f"{self.master_url}, {self.cores} core(s) and {self.memory_mb} MB per worker, {AGENT_SLOT} x1")
+                f"on one bridge; link {limit}; no latency/loss emulation; {spark}")
 
     # teardown
     def close(self) -> List[str]:
@@ -799,11 +800,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.check:
         print("netcluster: this machine can host an emulated cluster", file=sys.stderr, flush=True)
         return 0
-    try:
-        rate_bits(args.link)
-    except NetClusterError as e:
-        print(f"netcluster: {e}", file=sys.stderr, flush=True)
-        return 2
+    cluster = None
+    if command:
+        try:  # bad options: one line, status 2
+            cluster = NetCluster(args.workers, args.link, args.cores, args.memory_mb, args.prefix,
+                                 start_timeout=args.start_timeout, spark=not args.no_spark, log_dir=args.log_dir,
+                                 quiet=args.quiet)
+        except NetClusterError as e:
+            print(f"netcluster: {e}", file=sys.stderr, flush=True)
+            return 2
     stopped: Optional[int] = None
     with handle_signals():
         try:
@@ -812,11 +817,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"netcluster: removed {len(removed)} stale cluster(s)"
                       + (f": {', '.join(removed)}" if removed else "")
                       + (f"; could not remove {'; '.join(failed)}" if failed else ""), file=sys.stderr, flush=True)
-                if not command:
+                if cluster is None:
                     return 1 if failed else 0
-            cluster = NetCluster(args.workers, args.link, args.cores, args.memory_mb, args.prefix,
-                                 start_timeout=args.start_timeout, spark=not args.no_spark, log_dir=args.log_dir,
-                                 quiet=args.quiet)
             with cluster:
                 return cluster.run_in_driver(command, timeout=args.timeout)
         except Stopped as e:

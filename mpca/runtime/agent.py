@@ -8,6 +8,7 @@ it hands out shard snapshots with the rule's weight (the YieldContext) and takes
 """
 from __future__ import annotations
 
+import collections
 import fcntl
 import logging
 import os
@@ -91,7 +92,7 @@ class Agent:
         self.samples = 0
         self.exchange_s = 0.0  # time the training loop spent in the rule's communicating hooks (not computing)
         self.last_loss = float("nan")
-        self.claimed_token = ""
+        self.claimed_tokens = collections.deque(maxlen=64)  # one claim per token (a cycle has a token per task kind)
         self.last_contact = time.time()
         self.error: Optional[str] = None
         self.stop_requested = False
@@ -181,9 +182,9 @@ class Agent:
         if op == "claim":
             token = str(header["token"])
             with self.lock:
-                if self.claimed_token == token:
+                if token in self.claimed_tokens:
                     return {"ok": False, "agent": self.id}, None
-                self.claimed_token = token
+                self.claimed_tokens.append(token)
             return {"ok": True, **self.report().to_dict()}, None
         params = header.get("params") or {}
         if op == "deliver":

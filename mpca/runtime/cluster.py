@@ -151,6 +151,13 @@ def agents_per_executor(shape: ClusterShape, use_gpus: bool) -> int:
     return min(per, shape.cores_per_executor // 2)
 
 
+def exchange_slots(shape: ClusterShape, use_gpus: bool) -> int:
+    """Task slots per agent left for its exchange tasks: 2 or more lets a cycle's reduce task run while its
+    deliver task waits for the broadcast (declare executor cores for them: they are I/O-bound)."""
+    per = max(1, agents_per_executor(shape, use_gpus))
+    return shape.cores_per_executor // per - 1
+
+
 def check_capacity(shape: ClusterShape, agents: int, use_gpus: bool) -> None:
     """Fail fast (never hang waiting for slots) when the cluster cannot host ``agents`` agents."""
     if agents < 1:

@@ -1,18 +1,22 @@
-"""The exchange task: one per agent in every cycle's Spark job (§5.2, Fig. 12).
+"""The exchange tasks: every cycle's Spark job runs a *reduce* task and a *deliver* task per agent (§5.2, Fig. 12).
 
-Running beside its agent on the same executor, the task
+PySpark hands a task its broadcast variables before the task's Python code starts, so a task that both
+received the new broadcast and yielded the local shard could yield only after the download: reduce and
+broadcast would follow each other on the wire.  The cycle's job is therefore the union of two kinds of
+tasks (still one Spark job), each running beside its agent on the same executor:
 
-1. claims an agent of its executor for this cycle (each agent answers exactly
-   one claim per cycle, so it can never be counted twice);
-2. starts handing the new broadcast shard to the agent in the background (the
-   paper's Future: the agent integrates it without stopping its training);
-3. yields the agent's local shard with the weight its algorithm's agent rule
-   gives it (MPCA: τ) only when Spark's treeReduce asks for it (the paper's
-   YieldContext), as a partial of Eq. 9.
+* a **deliver** task references the cycle's broadcast; once Spark has fetched it, the task claims an agent
+  of its executor and hands it the projected shard (the paper's Future: the agent integrates it between
+  two steps without stopping its training);
+* a **reduce** task references no broadcast and starts at once: it claims an agent of its executor and
+  yields the agent's local shard with the weight its algorithm's agent rule gives it (MPCA: τ) when Spark's
+  treeReduce asks for it (the paper's YieldContext), as a partial of Eq. 9.
 
-A task that finds no unclaimed agent on its executor reports itself
-``misplaced``; the driver then runs a corrective job for the agents it is
-missing (see :mod:`mpca.runtime.pipeline`).
+So an agent's shard goes up while the next broadcast comes down, given a free task slot for each (exchange
+tasks are I/O-bound and run at low CPU priority: declare executor cores for them).  Every agent answers
+exactly one claim per token, and each kind of task has its own token, so no agent is ever counted twice.
+A task that finds no unclaimed agent on its executor reports itself ``misplaced``; the driver then runs a
+corrective job for what it is missing (see :mod:`mpca.runtime.pipeline`).
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ class ExchangePlan:
     run_id: str
     secret: bytes
     token: str  # claim token: one agent answers one task per token
-    op: str  # "cycle" | "hello" | "stop"
+    op: str  # "reduce" | "deliver" | "cycle" (both in one task) | "hello" | "stop"
     reduce_shard: Optional[int] = None
     bcast_shard: Optional[int] = None
     params: Optional[Dict[str, Any]] = None  # the algorithm's cycle parameters (JSON), sent with deliver and yield
@@ -50,18 +54,25 @@ class ExchangePlan:
 
 
 def empty_record() -> Dict[str, Any]:
-    return {"partial": WeightedSum(None, 0.0), "agents": {}, "misplaced": [], "duplicates": []}
+    """``agents``: reports of agents that answered a reduce (or control) task; ``delivered``: of agents
+    handed the broadcast."""
+    return {"partial": WeightedSum(None, 0.0), "agents": {}, "delivered": {}, "misplaced": [], "duplicates": []}
+
+
+def _union(a: Dict[int, Any], b: Dict[int, Any], dups: list) -> Dict[int, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        if k in out:
+            dups.append(k)
+        out[k] = v
+    return out
 
 
 def merge_records(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
     """Associative merge used by treeReduce: sums the Eq. 9 partials and unions the agent reports."""
-    agents = dict(a["agents"])
     dups = list(a["duplicates"]) + list(b["duplicates"])
-    for k, v in b["agents"].items():
-        if k in agents:
-            dups.append(k)
-        agents[k] = v
-    return {"partial": a["partial"].combine(b["partial"]), "agents": agents,
+    return {"partial": a["partial"].combine(b["partial"]), "agents": _union(a["agents"], b["agents"], dups),
+            "delivered": _union(a["delivered"], b["delivered"], dups),
             "misplaced": list(a["misplaced"]) + list(b["misplaced"]), "duplicates": dups}
 
 
@@ -84,22 +95,27 @@ def _claim(plan: ExchangePlan):
         time.sleep(0.2)  # the agent may still be loading its data
 
 
-def _deliver(plan: ExchangePlan, path: str, bcast, entry: AgentReport) -> None:
-    """Background receive of the broadcast shard and hand-off to the agent (the Future)."""
-    try:
-        vec = np.frombuffer(bcast.value, dtype=plan.wire_dtype)
-        entry.t_bc_loaded = time.time()
-        ch = Channel.connect(path, plan.secret, timeout=plan.timeout_s)
-        try:
-            header, _ = ch.request({"op": "deliver", "shard": plan.bcast_shard, "params": plan.params or {}},
-                                   memoryview(vec), timeout=plan.timeout_s)
-        finally:
-            ch.close()
-        if not header.get("ok"):
-            entry.error = f"deliver refused: {header}"
-        entry.t_bc = time.time()
-    except Exception as e:  # reported to the driver, which fails the run with this message
-        entry.error = f"broadcast hand-off failed: {e!r}"
+def _deliver(plan: ExchangePlan, ch: Channel, bcast, entry: AgentReport) -> None:
+    """Hand the broadcast shard to the claimed agent (the Future)."""
+    vec = np.frombuffer(bcast.value, dtype=plan.wire_dtype)
+    entry.t_bc_loaded = time.time()
+    header, _ = ch.request({"op": "deliver", "shard": plan.bcast_shard, "params": plan.params or {}},
+                           memoryview(vec), timeout=plan.timeout_s)
+    if not header.get("ok"):
+        entry.error = f"deliver refused: {header}"
+    entry.t_bc = time.time()
+
+
+def _yield(plan: ExchangePlan, ch: Channel, entry: AgentReport, rec: Dict[str, Any]) -> None:
+    """Ask the claimed agent for its shard and weight (the YieldContext)."""
+    header, payload = ch.request({"op": "yield", "shard": plan.reduce_shard, "params": plan.params or {},
+                                  "timeout_s": plan.timeout_s}, timeout=plan.timeout_s + 10)
+    entry.t_yield = time.time()
+    if "agent" not in header:  # the agent answered with an error instead of its shard
+        entry.error = f"agent {entry.agent} could not yield shard {plan.reduce_shard}: {header.get('error')}"
+        return
+    rec["partial"] = WeightedSum.of(np.frombuffer(payload, dtype=plan.wire_dtype), float(header["weight"]))
+    entry.update(header)
 
 
 def _run_niced(fn, *args):
@@ -129,42 +145,62 @@ def _run_niced(fn, *args):
 
 
 def exchange_partition(plan: ExchangePlan, bcast, _rows: Iterator) -> Iterator[Dict[str, Any]]:
-    """mapPartitions body of an exchange job (lazy: runs when treeReduce pulls the record)."""
-    yield _run_niced(_exchange, plan, bcast)
+    """mapPartitions body of an exchange task (lazy: runs when treeReduce pulls the record).  ``bcast`` is
+    None for every task but the deliver tasks, so only those wait for the broadcast's download."""
+    yield _run_niced(_exchange, plan, bcast, time.time())
 
 
-def _exchange(plan: ExchangePlan, bcast) -> Dict[str, Any]:
-    """Claim an agent, hand it the broadcast in the background, yield its shard and τ (steps 1–3 above)."""
-    t_start = time.time()
+def _exchange(plan: ExchangePlan, bcast, t_start: float) -> Dict[str, Any]:
+    """Claim an agent of this executor, then do the plan's one thing with it."""
     rec = empty_record()
-    ch, info, path = _claim(plan)
+    ch, info, _ = _claim(plan)
     if ch is None:
         rec["misplaced"].append(placement.executor_id())
         return rec
     entry = AgentReport.from_dict(info)
     entry.t_start = t_start
     try:
-        bg = None
-        if plan.op == "cycle" and plan.bcast_shard is not None and bcast is not None:
-            bg = threading.Thread(target=_deliver, args=(plan, path, bcast, entry), daemon=True)
-            bg.start()
-        if plan.op == "cycle" and plan.reduce_shard is not None:
-            header, payload = ch.request({"op": "yield", "shard": plan.reduce_shard, "params": plan.params or {},
-                                          "timeout_s": plan.timeout_s}, timeout=plan.timeout_s + 10)
-            entry.t_yield = time.time()
-            if "agent" not in header:  # the agent answered with an error instead of its shard
-                entry.error = f"agent {entry.agent} could not yield shard {plan.reduce_shard}: {header.get('error')}"
-            else:
-                vec = np.frombuffer(payload, dtype=plan.wire_dtype)
-                rec["partial"] = WeightedSum.of(vec, float(header["weight"]))
-                entry.update(header)
+        if plan.op == "deliver":
+            _deliver(plan, ch, bcast, entry)
+        elif plan.op == "reduce":
+            _yield(plan, ch, entry, rec)
+        elif plan.op == "cycle":  # one task per agent: hand-off on its own connection while the shard goes up
+            _both(plan, ch, bcast, entry, rec)
         elif plan.op == "stop":
-            header, _ = ch.request({"op": "stop"}, timeout=plan.timeout_s)
-            entry.update(header)
-        if bg is not None:
-            bg.join(plan.timeout_s)
+            entry.update(ch.request({"op": "stop"}, timeout=plan.timeout_s)[0])
+    except Exception as e:  # reported to the driver, which fails the run with this message
+        entry.error = f"{plan.op} failed on executor {placement.executor_id()}: {e!r}"
     finally:
         ch.close()
     entry.t_end = time.time()
-    rec["agents"][entry.agent] = entry
+    if plan.op in ("deliver", "cycle") and bcast is not None:
+        rec["delivered"][entry.agent] = entry
+    if plan.op != "deliver":
+        rec["agents"][entry.agent] = entry
     return rec
+
+
+def _both(plan: ExchangePlan, ch: Channel, bcast, entry: AgentReport, rec: Dict[str, Any]) -> None:
+    """Where an executor has one free task slot per agent: deliver (in a thread, on a second connection to
+    the same agent) and yield in one task — which Spark starts only after the broadcast has arrived."""
+    errors: list = []
+
+    def hand_off():
+        try:
+            path = placement.agent_socket(plan.run_id, entry.agent)
+            second = Channel.connect(path, plan.secret, timeout=plan.timeout_s)
+            try:
+                _deliver(plan, second, bcast, entry)
+            finally:
+                second.close()
+        except Exception as e:  # noqa: BLE001 - reported with the task's record
+            errors.append(e)
+
+    bg = threading.Thread(target=hand_off, daemon=True) if bcast is not None else None
+    if bg is not None:
+        bg.start()
+    _yield(plan, ch, entry, rec)
+    if bg is not None:
+        bg.join(plan.timeout_s)
+        if errors:
+            raise errors[0]

@@ -52,12 +52,16 @@ class ExchangePipeline:
 
     def __init__(self, sc, run_id: str, secret: bytes, rule: DriverRule, agents: Sequence[int],
                  wire_dtype: torch.dtype, timeline: Optional[Timeline] = None, task_timeout_s: float = 120.0,
-                 executors: int = 1, observe: Optional[Callable[[float], Dict[int, AgentReport]]] = None):
+                 executors: int = 1, observe: Optional[Callable[[float], Dict[int, AgentReport]]] = None,
+                 split_tasks: bool = False):
         self.sc = sc
         self.run_id = run_id
         self.secret = secret
         self.rule = rule
         self.observe = observe  # agent-initiated algorithms: reports gathered by the parameter service
+        # separate deliver and reduce tasks (reduce never waits for the broadcast's download) where executors
+        # have two free task slots per agent; else one task per agent does both
+        self.split_tasks = split_tasks
         self.agents = sorted(agents)
         self.wire = np.dtype(str(wire_dtype).replace("torch.", ""))
         self.timeline = timeline or Timeline()
@@ -84,32 +88,50 @@ class ExchangePipeline:
                             timeout_s=self.task_timeout_s, **kw)
 
     def run_job(self, plan: ExchangePlan, tasks: int, bc, description: str, purpose: str = "control") -> dict:
+        return self.run_parts([(plan, tasks, bc)], description, purpose)
+
+    def run_parts(self, parts: Sequence[tuple], description: str, purpose: str) -> dict:
+        """One Spark job made of the union of ``(plan, tasks, broadcast or None)`` parts, tree-reduced.
+
+        Each part is its own Python function, so only the tasks of a part that references a broadcast wait
+        for its download; parts come in the order given (Spark offers lower task indices first)."""
         self.jobs[purpose] += 1
         self.sc.setJobGroup(self.job_group, description, interruptOnCancel=True)
-        rdd = self.sc.parallelize(range(tasks), tasks)
-        return rdd.mapPartitions(functools.partial(exchange_partition, plan, bc)).treeReduce(merge_records, depth=2)
+        rdds = [self.sc.parallelize(range(n), n).mapPartitions(functools.partial(exchange_partition, plan, bc))
+                for plan, n, bc in parts]
+        rdd = rdds[0] if len(rdds) == 1 else self.sc.union(rdds)
+        return rdd.treeReduce(merge_records, depth=2)
 
-    def _job_with_corrections(self, plan: ExchangePlan, bc, description: str, rec: CycleRecord) -> dict:
-        """Run the job; if tasks landed where no unclaimed agent was, rerun for the missing agents."""
-        result = self.run_job(plan, len(self.agents), bc, description, "cycle")
+    def _job_with_corrections(self, reduce: ExchangePlan, deliver: Optional[ExchangePlan], bc, description: str,
+                              rec: CycleRecord) -> dict:
+        """Run the cycle's job (reduce and deliver tasks; deliver first where the rule needs it); if tasks
+        landed where no unclaimed agent was, run corrective jobs for the agents still missing either."""
+        K = len(self.agents)
+        parts = [(deliver, K, bc), (reduce, K, None)] if deliver else [(reduce, K, bc)]
+        if deliver and not self.rule.deliver_before_yield:
+            parts.reverse()  # reduce tasks first: they need no download and yield at once
+        result = self.run_parts(parts, description, "cycle")
         rec.misplaced += len(result["misplaced"])
         for attempt in range(MAX_CORRECTIONS):
-            missing = [a for a in self.agents if a not in result["agents"]]
-            if not missing:
+            to_reduce = [a for a in self.agents if a not in result["agents"]]
+            to_deliver = [a for a in self.agents if deliver and a not in result["delivered"]]
+            if not to_reduce and not to_deliver:
                 break
             rec.corrections += 1
-            log.info("cycle %s: %d task(s) misplaced, correcting for agents %s", plan.token, len(result["misplaced"]), missing)
-            more = self.run_job(plan, self.spread(len(missing)), bc,
-                                f"{description} (correction {attempt + 1}: agents {missing})", "correction")
+            log.info("cycle %s: %d task(s) misplaced, correcting for agents %s (reduce) %s (deliver)", reduce.token,
+                     len(result["misplaced"]), to_reduce, to_deliver)
+            parts = ([(deliver, self.spread(len(to_deliver)), bc)] if to_deliver else []) + \
+                    ([(reduce, self.spread(len(to_reduce)), None if deliver else bc)] if to_reduce else [])
+            more = self.run_parts(parts, f"{description} (correction {attempt + 1})", "correction")
             rec.misplaced += len(more["misplaced"])
             result = merge_records({**result, "misplaced": []}, more)
         if result["duplicates"]:
-            raise RunFailedError(f"agents {sorted(set(result['duplicates']))} contributed twice in cycle {plan.token}")
+            raise RunFailedError(f"agents {sorted(set(result['duplicates']))} answered twice in cycle {reduce.token}")
         rec.missing = [a for a in self.agents if a not in result["agents"]]
         if rec.missing:
             log.warning("cycle %s: agents %s did not contribute after %d corrections; their steps carry over (tau "
-                        "keeps counting) to their next contribution", plan.token, rec.missing, MAX_CORRECTIONS)
-        errors = {a: e.error for a, e in result["agents"].items() if e.error}
+                        "keeps counting) to their next contribution", reduce.token, rec.missing, MAX_CORRECTIONS)
+        errors = {a: e.error for part in ("agents", "delivered") for a, e in result[part].items() if e.error}
         if errors:
             a, msg = sorted(errors.items())[0]
             raise RunFailedError(f"agent {a} failed: {msg}")
@@ -146,11 +168,17 @@ class ExchangePipeline:
         if r is None:
             return self._observe(c)
         staged = self._staged.pop(c, None)
-        plan = self._plan(f"c{c}", "cycle", reduce_shard=r, bcast_shard=staged.shard if staged else None,
-                          params=self.rule.cycle_params(c))
+        params = self.rule.cycle_params(c)
+        if self.split_tasks:
+            reduce = self._plan(f"c{c}/r", "reduce", reduce_shard=r, params=params)
+            deliver = self._plan(f"c{c}/b", "deliver", bcast_shard=staged.shard, params=params) if staged else None
+        else:
+            reduce = self._plan(f"c{c}", "cycle", reduce_shard=r, bcast_shard=staged.shard if staged else None,
+                                params=params)
+            deliver = None
         desc = f"mpca cycle {c}: reduce shard {r}" + (f", broadcast shard {staged.shard}" if staged else "")
         rec = CycleRecord(c, r, staged.shard if staged else None, t_submit=time.time())
-        fut = self._pool.submit(self._job_with_corrections, plan, staged.bc if staged else None, desc, rec)
+        fut = self._pool.submit(self._job_with_corrections, reduce, deliver, staged.bc if staged else None, desc, rec)
         if self.lag == 2 and self._pending is not None:
             self._stage(*self._pending, rec)  # concurrent with job c
             self._pending = None
@@ -159,12 +187,13 @@ class ExchangePipeline:
         if staged is not None:
             self._destroy(staged.bc)
         rec.agents = dict(result["agents"])
+        rec.delivered = dict(result["delivered"])
         self.last_agent_reports.update(rec.agents)
         nbytes = self.rule.shard_nbytes
         rec.bytes_up = sum(nbytes(r) for e in rec.agents.values() if e.t_yield)
-        rec.bytes_down = sum(nbytes(staged.shard) for e in rec.agents.values() if e.t_bc) if staged else 0
+        rec.bytes_down = sum(nbytes(staged.shard) for e in rec.delivered.values() if e.t_bc) if staged else 0
         yields = [e.t_yield for e in rec.agents.values() if e.t_yield]
-        bcs = [e.t_bc for e in rec.agents.values() if e.t_bc]
+        bcs = [e.t_bc for e in rec.delivered.values() if e.t_bc]
         rec.reduce_start = min(yields) if yields else None
         rec.bcast_end = max(bcs) if bcs else None
         if self.lag == 1:

@@ -67,7 +67,8 @@ class AgentRun:
         self.timeline = Timeline()
         self.pipeline = ExchangePipeline(self.sc, self.run_id, secret, self.rule, range(self.agents),
                                          self.layout.wire_dtype, self.timeline, executors=self.shape.executors,
-                                         observe=self.service.observe if self.service else None)
+                                         observe=self.service.observe if self.service else None,
+                                         split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2)
         self._train_df = train_df
         self.stopped: Dict[int, AgentReport] = {}
         self.agent_info: Dict[int, AgentReport] = {}

@@ -9,6 +9,10 @@ Phases of cycle ``c`` (one Spark job):
 * ``reduce`` — from the first agent's shard materialisation until the reduced
   result reached the driver.
 
+Per agent, the deliver task's ``t_start`` is when its Python code began, i.e.
+when Spark had finished fetching the broadcast for it (``t_bc_loaded`` just
+after); the reduce task's ``t_start`` and ``t_yield`` need no broadcast.
+
 Overlap between phases is computed from these timestamps, not assumed.
 """
 from __future__ import annotations
@@ -36,7 +40,8 @@ class CycleRecord:
     corrections: int = 0
     misplaced: int = 0
     missing: List[int] = field(default_factory=list)
-    agents: Dict[int, AgentReport] = field(default_factory=dict)
+    agents: Dict[int, AgentReport] = field(default_factory=dict)  # reduce tasks' reports (contributions)
+    delivered: Dict[int, AgentReport] = field(default_factory=dict)  # deliver tasks' reports (broadcast hand-offs)
 
     @property
     def broadcast_interval(self):
@@ -49,6 +54,17 @@ class CycleRecord:
     def broadcast_overlaps_reduce(self) -> bool:
         b, r = self.broadcast_interval, self.reduce_interval
         return bool(b and r and b[0] < r[1] and r[0] < b[1])
+
+    def reduce_started_before_broadcast(self) -> bool:
+        """Whether some agent's reduce task began while its broadcast was still being downloaded."""
+        return any(r.t_start and d.t_start and r.t_start < d.t_start
+                   for a, r in self.agents.items() for d in [self.delivered.get(a)] if d is not None)
+
+    def reduce_before_broadcast(self) -> bool:
+        """Whether some agent's shard was yielded before the task holding its broadcast had started, i.e.
+        before Spark had finished downloading the broadcast: the reduce did not wait for it."""
+        return any(r.t_yield and d.t_start and r.t_yield < d.t_start
+                   for a, r in self.agents.items() for d in [self.delivered.get(a)] if d is not None)
 
     def stage_overlaps_job(self) -> bool:
         return self.stage_start is not None and self.stage_start < self.t_end and self.t_submit < self.stage_end
