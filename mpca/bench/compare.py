@@ -156,7 +156,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     with open(os.path.join(out, "compare.json"), "w") as f:
         json.dump(summary, f, indent=2, default=lambda v: None)
     plot_curves({label: r["history"] for label, r in results.items()}, os.path.join(out, "compare.png"),
-                f"time to accuracy ({network}, {cfg.model.name})", targets)
+                f"time to accuracy: {cfg.model.name}, network {network.split(' (')[0]}", targets)
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 40, "display.float_format", "{:.3g}".format):

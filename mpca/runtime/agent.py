@@ -9,6 +9,7 @@ it hands out shard snapshots with the rule's weight (the YieldContext) and takes
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import logging
 import os
@@ -88,6 +89,8 @@ class Agent:
         self.features = features.to(self.device)
         self.labels = labels.to(self.device)
         self.lock = threading.Lock()
+        self._waiting = 0  # exchange requests waiting for the step lock
+        self._waiting_lock = threading.Lock()
         self.steps = 0
         self.samples = 0
         self.exchange_s = 0.0  # time the training loop spent in the rule's communicating hooks (not computing)
@@ -142,7 +145,24 @@ class Agent:
         except Exception:
             self.error = f"agent {self.id} training failed:\n{traceback.format_exc()}"
 
+    @contextlib.contextmanager
+    def _served(self):
+        """The step lock for a request of the exchange: the training loop lets it in before its next step.
+
+        (CPython's lock is not fair: a loop that releases and re-takes it between millisecond steps could
+        otherwise keep a waiting request out for seconds.)"""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            with self.lock:
+                yield
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        while self._waiting:  # a request of the exchange is waiting for the lock: let it in first
+            time.sleep(0.0002)
         with self.lock:
             self.rule.before_step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -181,7 +201,7 @@ class Agent:
             return self.report().to_dict(), None
         if op == "claim":
             token = str(header["token"])
-            with self.lock:
+            with self._served():
                 if token in self.claimed_tokens:
                     return {"ok": False, "agent": self.id}, None
                 self.claimed_tokens.append(token)
@@ -191,7 +211,7 @@ class Agent:
             s = int(header["shard"])
             vec = torch.from_numpy(np.frombuffer(payload, dtype=_np_dtype(self.spec.layout.wire_dtype)))
             pieces = self.shards.split(s, vec)  # conversion and host→device copy outside the lock
-            with self.lock:
+            with self._served():
                 self.rule.receive(s, pieces, params)
             return {"ok": True}, None
         if op == "yield":
@@ -199,7 +219,7 @@ class Agent:
             if not 0 <= s < self.spec.layout.num_shards:
                 raise ValueError(f"no shard {s}")
             self.rule.yield_ready(s, params, float(header.get("timeout_s", 120.0)))
-            with self.lock:  # materialize the shard between two steps
+            with self._served():  # materialize the shard between two steps
                 vec, weight, extra = self.rule.contribution(s, params)
                 counters = self._counters()
             rep = self.report(weight=float(weight), extra=extra, **{k: counters[k] for k in
