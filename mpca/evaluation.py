@@ -71,6 +71,7 @@ class BackgroundEvaluator:
         snap = [j.clone() for j in joints]
         weights = {a: r.weight for a, r in reports.items()}
         rates = {a: r.steps_per_s for a, r in reports.items()}
+        resets = sum(r.resets for r in reports.values())
         sps = self._rates(reports)
         self._busy.set()
 
@@ -81,7 +82,7 @@ class BackgroundEvaluator:
                 r = evaluate(self.model, self.hx, self.hy, self.loss_fn)
                 row = {"wall_s": wall, "cycle": cycle + 1, "holdout_error": r.error, "holdout_loss": r.loss,
                        "samples_per_s": float(sum(sps.values())) if sps else float("nan"), "epochs": epochs,
-                       "weight": weights, "agent_steps_per_s": rates, "agent_samples_per_s": sps, "_snapshot": snap}
+                       "resets": resets, "weight": weights, "agent_steps_per_s": rates, "agent_samples_per_s": sps, "_snapshot": snap}
                 with self._lock:
                     self._ready.append(row)
             finally:

@@ -8,9 +8,7 @@ Used by ``mpca train`` and ``spark-submit spark_jobs/train.py``.  Outputs in
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import math
 import os
 import re
 import time
@@ -98,7 +96,8 @@ def training_functions(cfg: JobConfig):
 
 def run(cfg: JobConfig, spark=None) -> JobResult:
     from mpca.models import check_model_name
-    from mpca.report import plot_history, summary_table, write_history_csv
+    from mpca.report import plot_history, summary_table, write_history_csv, write_json
+    from mpca.stopping import StopSignals
     from mpca.trainer import Trainer
 
     out = cfg.run.output_dir
@@ -112,7 +111,9 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
     try:
         df = _data(spark, cfg)
         trainer = Trainer(*training_functions(cfg), cfg, spark=spark)  # the settings, passed down whole
-        fit = trainer.fit(df)
+        with StopSignals() as signals:
+            trainer.stop_requested = signals.event  # SIGTERM / Ctrl-C: stop after this cycle, write everything
+            fit = trainer.fit(df)
     finally:
         if own_session:
             spark.stop()
@@ -134,8 +135,11 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
     target = cfg.stop.target_error
     reached = target is not None and fit.final.error <= target
     code = EXIT_TARGET_NOT_REACHED if target is not None and not reached else EXIT_OK
+    status = "target_reached" if reached else ("limit_reached" if target is not None else "done")
+    if signals.exit_code is not None:  # stopped by SIGTERM / Ctrl-C: everything written, then 143 / 130
+        code, status = signals.exit_code, "interrupted"
     summary = {
-        "status": "target_reached" if reached else ("limit_reached" if target is not None else "done"),
+        "status": status,
         "exit_code": code, "stop_reason": fit.stop_reason, "final_holdout_error": fit.final.error,
         "final_holdout_loss": fit.final.loss, "target_error": target, "wall_s": fit.wall_s,
         "job_wall_s": time.time() - t0, "cycles": fit.cycles, "first_cycle": fit.extra.get("first_cycle", 0),
@@ -143,9 +147,7 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
         "paths": {"model": model_path, "history": hist_path, "plot": plot_path, "timeline": timeline_path,
                   "checkpoints": ckpt_dir, "summary": os.path.join(out, "summary.json")},
     }
-    with open(summary["paths"]["summary"] + ".tmp", "w") as f:
-        json.dump(summary, f, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v))
-    os.replace(summary["paths"]["summary"] + ".tmp", summary["paths"]["summary"])
+    write_json(summary["paths"]["summary"], summary)
     print(summary_table([
         ("final holdout error", f"{100 * fit.final.error:.2f}%"), ("stop reason", fit.stop_reason),
         ("cycles", fit.cycles), ("wall time", f"{fit.wall_s:.1f}s"), ("model", model_path),

@@ -5,8 +5,31 @@ import math
 from typing import Dict, Optional, Sequence
 
 
+def strict_json(value):
+    """``value`` with every NaN or infinity replaced by None, so strict JSON parsers accept the file."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def write_json(path: str, value) -> str:
+    """Strict JSON (no NaN), written atomically (temporary file, then rename)."""
+    import json
+    import os
+
+    with open(path + ".tmp", "w") as f:
+        json.dump(strict_json(value), f, indent=2, allow_nan=False, default=str)
+    os.replace(path + ".tmp", path)
+    return path
+
+
 def write_history_csv(history, path: str) -> str:
-    cols = [c for c in ("wall_s", "cycle", "holdout_error", "holdout_loss", "samples_per_s", "epochs") if c in history]
+    cols = [c for c in ("wall_s", "cycle", "holdout_error", "holdout_loss", "samples_per_s", "epochs", "resets")
+            if c in history]
     out = history[cols].copy()
     extra = [c for c in ("weight", "agent_samples_per_s") if c in history]
     for c in extra:

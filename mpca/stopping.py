@@ -1,4 +1,4 @@
-"""When a run stops: the stop rules of the ``stop:`` settings, checked once per cycle."""
+"""When a run stops: the stop rules of the ``stop:`` settings, checked once per cycle, and stop signals."""
 from __future__ import annotations
 
 import time
@@ -8,11 +8,11 @@ from mpca.config import StopSection
 
 
 class StopRules:
-    """``reason(...)`` returns why the run should stop now (``target_error``, ``max_cycles``,
+    """``reason(...)`` returns why the run should stop now (``target_error``, ``interrupted``, ``max_cycles``,
     ``max_seconds``, ``max_epochs``) or None to go on."""
 
-    def __init__(self, stop: StopSection, t0: float):
-        self.stop, self.t0 = stop, t0
+    def __init__(self, stop: StopSection, t0: float, requested=None):
+        self.stop, self.t0, self.requested = stop, t0, requested  # requested: an Event (a signal, request_stop)
 
     def target_met(self, error: float) -> bool:
         return self.stop.target_error is not None and error <= self.stop.target_error
@@ -21,6 +21,8 @@ class StopRules:
         s = self.stop
         if target_met:
             return "target_error"
+        if self.requested is not None and self.requested.is_set():
+            return "interrupted"
         if s.max_cycles is not None and cycles_done >= s.max_cycles:
             return "max_cycles"
         if s.max_seconds is not None and time.time() - self.t0 >= s.max_seconds:
@@ -28,3 +30,44 @@ class StopRules:
         if s.max_epochs is not None and epochs >= s.max_epochs:
             return "max_epochs"
         return None
+
+
+class StopSignals:
+    """While active (in the main thread), SIGTERM — how YARN, Kubernetes, Airflow and Databricks end a job —
+    and a first Ctrl-C ask the run to stop after the current cycle, so that it still writes its final model,
+    checkpoint and summary; a second Ctrl-C interrupts at once.  ``event`` is set on the first signal and
+    ``signum`` tells which; :attr:`exit_code` is 128 + signum (130, 143)."""
+
+    def __init__(self):
+        import threading
+
+        self.event = threading.Event()
+        self.signum: Optional[int] = None
+        self._old = {}
+
+    def _handle(self, signum, frame):
+        import signal
+
+        if self.event.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+        self.event.set()
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        return None if self.signum is None else 128 + self.signum
+
+    def __enter__(self) -> "StopSignals":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for s, old in self._old.items():
+            signal.signal(s, old)

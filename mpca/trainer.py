@@ -10,6 +10,7 @@ given whole (``settings=``) or as keywords (``agents=2``, ``max_cycles=30``,
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -53,6 +54,12 @@ class Trainer:
         self.model_fn, self.loss_fn, self.optimizer_fn = model_fn, loss_fn, optimizer_fn
         self.settings = settings_from(settings, **options) if options or settings is None else settings
         self.spark, self.on_cycle = spark, on_cycle
+        self.stop_requested = threading.Event()
+
+    def request_stop(self) -> None:
+        """Stop after the current cycle (from another thread, a signal handler or a notebook callback); the
+        run still returns its model, final checkpoint and history, with ``stop_reason="interrupted"``."""
+        self.stop_requested.set()
 
     # ------------------------------------------------------------------ helpers
     def _session(self):
@@ -147,7 +154,7 @@ class Trainer:
                        optimizer_fn=self.optimizer_fn, settings=st, driver_state=driver_state)
         history: List[dict] = []
         t0 = time.time() - prior_wall
-        stop = StopRules(st.stop, t0)
+        stop = StopRules(st.stop, t0, self.stop_requested)
         progress = Progress(st.progress, st.stop.target_error)
         evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, hx, hy, self.loss_fn)
         saver = BackgroundSaver(st.checkpoint.dir, st.checkpoint.keep)

@@ -52,3 +52,26 @@ def half_squared_norm(out, y):
 
 def sgd_one(params):
     return torch.optim.SGD(params, lr=1.0)
+
+
+class PoisonedCNN(SmallCNN):
+    """A SmallCNN whose forward pass turns NaN on agent 1 for two calls (an injected numerical fault)."""
+
+    def __init__(self, first_bad_call: int = 40):
+        super().__init__(8)
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        self.agent = tc.partitionId() if tc is not None else -1
+        self.calls, self.first_bad_call = 0, first_bad_call
+
+    def forward(self, x):
+        self.calls += 1
+        out = super().forward(x)
+        if self.agent == 1 and self.first_bad_call <= self.calls < self.first_bad_call + 2:
+            out = out * float("nan")
+        return out
+
+
+def poisoned_cnn():
+    return PoisonedCNN()

@@ -78,6 +78,10 @@ class AgentRule:
 
     def between_steps(self) -> None: ...
 
+    def on_reset(self) -> None:
+        """The runtime put the model back to the latest joint model after a numerical fault (NaN/Inf) and
+        gave it a fresh optimizer (``ctx.optimizer``); forget what was counted since."""
+
     def should_stop(self, requested: bool) -> bool:
         """Whether the training loop ends now (``requested``: the driver asked this agent to stop)."""
         return requested

@@ -44,6 +44,9 @@ class MPCAAgent(AgentRule):
         for s in range(len(self.tau)):
             self.tau[s] += 1
 
+    def on_reset(self) -> None:
+        self.tau = [0] * len(self.tau)  # steps before the fault carry no weight
+
     def receive(self, shard: int, pieces: List[torch.Tensor], params: Params) -> None:
         self.targets[shard] = pieces
         self.alpha = float(params["alpha"])

@@ -16,7 +16,6 @@ allows it (root, network namespaces), else on local-cluster, labelled as such.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -128,7 +127,7 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
 
 def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: float, repeats: int, out: str,
             network: str) -> dict:
-    from mpca.report import plot_curves
+    from mpca.report import plot_curves, write_json
 
     os.makedirs(out, exist_ok=True)
     _warm_up(spark, cfg, out)
@@ -153,8 +152,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                                                   "duty_cycle", "repeats")}
                        | {"time_to": {str(t): r["time_to"][t] for t in targets}} for label, r in results.items()},
     }
-    with open(os.path.join(out, "compare.json"), "w") as f:
-        json.dump(summary, f, indent=2, default=lambda v: None)
+    write_json(os.path.join(out, "compare.json"), summary)
     plot_curves({label: r["history"] for label, r in results.items()}, os.path.join(out, "compare.png"),
                 f"time to accuracy: {cfg.model.name}, network {network.split(' (')[0]}", targets)
     import pandas as pd

@@ -12,6 +12,7 @@ import collections
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import threading
 import time
@@ -113,6 +114,9 @@ class Agent:
                            rendezvous=dict(spec.rendezvous), lock=self.lock, stats=self._counters,
                            stopping=lambda: self.stop_requested)
         self.rule: AgentRule = spec.rule_factory(ctx)
+        self._anchor = [[v.detach().clone() for v in self.shards.views(s)] for s in range(spec.layout.num_shards)]
+        self.resets = 0
+        self.last_reset: Optional[str] = None
 
     # ------------------------------------------------------------------ training
     def _should_stop(self) -> bool:
@@ -177,8 +181,23 @@ class Agent:
             self.samples += int(x.shape[0])
             if self.steps % 10 == 0:
                 self.last_loss = float(loss.detach())
+                if not math.isfinite(self.last_loss):
+                    self._reset(f"loss {self.last_loss} at step {self.steps}")
         if self.service is not None:
             self.last_contact = time.time()  # agent-initiated: a dead driver fails the next service request
+
+    def _reset(self, why: str) -> None:
+        """Numerical fault (lock held): back to the latest joint model this agent received (the initial one for
+        shards never delivered), with a fresh optimizer; the rule starts over (MPCA: τ from 0)."""
+        self.resets += 1
+        self.last_reset = why
+        log.warning("agent %s: %s; reset to the joint model (reset %d)", self.id, why, self.resets)
+        with torch.no_grad():
+            for s, pieces in enumerate(self._anchor):
+                torch._foreach_copy_(self.shards.views(s), pieces)
+        self.optimizer = self.spec.optimizer_fn(self.model.parameters())
+        self.rule.ctx.optimizer = self.optimizer
+        self.rule.on_reset()
 
     # ------------------------------------------------------------------ exchange
     def _counters(self) -> dict:
@@ -192,7 +211,7 @@ class Agent:
     def report(self, **kw) -> AgentReport:
         return AgentReport(agent=self.id, executor=self.executor, pid=os.getpid(), device=str(self.device),
                            gpu=self.gpu_addresses, rows=int(self.features.shape[0]), steps=self.steps,
-                           samples=self.samples, error=self.error, **kw)
+                           samples=self.samples, error=self.error, resets=self.resets, **kw)
 
     def handle(self, header: dict, payload: bytearray):
         op = header.get("op")
@@ -213,6 +232,7 @@ class Agent:
             pieces = self.shards.split(s, vec)  # conversion and host→device copy outside the lock
             with self._served():
                 self.rule.receive(s, pieces, params)
+                self._anchor[s] = [p.detach().clone() for p in pieces]  # the latest joint shard: where a reset goes
             return {"ok": True}, None
         if op == "yield":
             s = int(header["shard"])
@@ -221,6 +241,9 @@ class Agent:
             self.rule.yield_ready(s, params, float(header.get("timeout_s", 120.0)))
             with self._served():  # materialize the shard between two steps
                 vec, weight, extra = self.rule.contribution(s, params)
+                if not bool(torch.isfinite(vec).all()):  # never let NaN/Inf reach the joint model
+                    self._reset(f"non-finite values in shard {s}")
+                    vec, weight = torch.zeros_like(vec), 0.0
                 counters = self._counters()
             rep = self.report(weight=float(weight), extra=extra, **{k: counters[k] for k in
                                                                   ("steps_per_s", "loss", "exchange_s", "alive_s")})

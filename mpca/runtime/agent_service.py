@@ -38,6 +38,8 @@ class AgentService:
         if not 0 <= agent < self.agents:
             raise ValueError(f"no agent {agent} in this run")
         vec = torch.from_numpy(np.frombuffer(payload, dtype=self.wire).copy())
+        if not bool(torch.isfinite(vec).all()):
+            raise ValueError(f"agent {agent} sent NaN/Inf; refused (the joint model stays finite)")
         reply, out = self.rule.serve(agent, header, vec)
         with self.cond:
             self.reports[agent] = AgentReport.from_dict({**header, "agent": agent})

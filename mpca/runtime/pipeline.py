@@ -41,9 +41,13 @@ class _Staged:
     bc: object  # pyspark Broadcast of the projected shard x*
 
 
-def _as_torch(partial: WeightedSum) -> WeightedSum:
-    """The treeReduce result (numpy) as torch, for the driver rule."""
+def _finite(cycle: int, shard: int, partial: WeightedSum) -> Optional[WeightedSum]:
+    """The treeReduce result (numpy) as torch for the driver rule, or None when it holds NaN/Inf (agents
+    reject their own non-finite shards; this keeps the joint model finite whatever reaches the driver)."""
     total = None if partial.total is None else torch.from_numpy(np.asarray(partial.total))
+    if total is not None and not bool(torch.isfinite(total).all()):
+        log.warning("cycle %d: the reduction of shard %d holds NaN/Inf; not applied to the joint model", cycle, shard)
+        return None
     return WeightedSum(total, partial.weight)
 
 
@@ -129,8 +133,9 @@ class ExchangePipeline:
             raise RunFailedError(f"agents {sorted(set(result['duplicates']))} answered twice in cycle {reduce.token}")
         rec.missing = [a for a in self.agents if a not in result["agents"]]
         if rec.missing:
-            log.warning("cycle %s: agents %s did not contribute after %d corrections; their steps carry over (tau "
-                        "keeps counting) to their next contribution", reduce.token, rec.missing, MAX_CORRECTIONS)
+            log.warning("cycle %s: agents %s did not contribute after %d corrections; their steps carry over "
+                        "to their next contribution (their rule's weight keeps growing)", reduce.token, rec.missing,
+                        MAX_CORRECTIONS)
         errors = {a: e.error for part in ("agents", "delivered") for a, e in result[part].items() if e.error}
         if errors:
             a, msg = sorted(errors.items())[0]
@@ -141,7 +146,12 @@ class ExchangePipeline:
     def _stage(self, cycle: int, shard: int, result: dict, rec: CycleRecord) -> None:
         """Stage phase: the driver rule's update of the reduced shard, then a new broadcast variable."""
         rec.stage_shard, rec.stage_start = shard, time.time()
-        out = self.rule.on_reduced(cycle, shard, _as_torch(result["partial"]))
+        partial = _finite(cycle, shard, result["partial"])
+        if partial is None:
+            rec.rejected = True
+            rec.stage_end = time.time()
+            return
+        out = self.rule.on_reduced(cycle, shard, partial)
         if out is not None:
             # raw bytes, not an ndarray: PySpark's encrypted broadcast path (spark.io.encryption.enabled) cannot
             # write the PickleBuffer that protocol 5 produces for arrays
@@ -208,7 +218,9 @@ class ExchangePipeline:
         if self._pending is not None:
             c, r, result = self._pending
             self._pending = None
-            self.rule.on_reduced(c, r, _as_torch(result["partial"]))
+            partial = _finite(c, r, result["partial"])
+            if partial is not None:
+                self.rule.on_reduced(c, r, partial)
         for st in self._staged.values():
             self._destroy(st.bc)
         self._staged.clear()

@@ -28,6 +28,7 @@ class AgentReport:
     exchange_s: Optional[float] = None  # time its training loop spent waiting in exchange hooks
     alive_s: Optional[float] = None  # time since it started training
     weight: Optional[float] = None
+    resets: int = 0  # numerical faults (NaN/Inf) after which the agent went back to the joint model
     extra: Dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
     t_start: Optional[float] = None
@@ -35,11 +36,6 @@ class AgentReport:
     t_bc_loaded: Optional[float] = None
     t_bc: Optional[float] = None
     t_end: Optional[float] = None
-
-    @property
-    def tau(self) -> Optional[int]:
-        """MPCA's τ (Eq. 9) when the algorithm reports it."""
-        return self.extra.get("tau")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

@@ -37,6 +37,7 @@ class CycleRecord:
     reduce_start: Optional[float] = None
     bytes_up: int = 0  # shard payloads that reached the reduction (agents → driver)
     bytes_down: int = 0  # broadcast payloads handed to agents (driver → agents)
+    rejected: bool = False  # its reduction held NaN/Inf and was not applied
     corrections: int = 0
     misplaced: int = 0
     missing: List[int] = field(default_factory=list)
@@ -92,7 +93,7 @@ class Timeline:
                 "stage_shard": c.stage_shard, "t_submit": c.t_submit, "t_end": c.t_end,
                 "stage_start": c.stage_start, "stage_end": c.stage_end, "bcast_end": c.bcast_end,
                 "reduce_start": c.reduce_start, "overlap": c.broadcast_overlaps_reduce(),
-                "bytes_up": c.bytes_up, "bytes_down": c.bytes_down, "corrections": c.corrections, "misplaced": c.misplaced, "missing": list(c.missing),
+                "rejected": c.rejected, "resets": sum(e.resets for e in c.agents.values()), "bytes_up": c.bytes_up, "bytes_down": c.bytes_down, "corrections": c.corrections, "misplaced": c.misplaced, "missing": list(c.missing),
                 "weight": weights, "steps_per_s": rates,
             })
         return out

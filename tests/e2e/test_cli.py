@@ -153,3 +153,37 @@ def test_spark_submit_entry_point(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["cycles"] == 10 and summary["final_holdout_error"] < 0.5
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_and_ctrl_c_stop_after_the_cycle_and_write_everything(tmp_path, sig, code):
+    """How YARN, Kubernetes and Airflow end a job: the run stops after its current cycle and still writes its
+    model, final checkpoint and summary; the exit code says which signal (128 + signum)."""
+    out = tmp_path / "run"
+    name = f"sigtest-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([sys.executable, "-m", "mpca.cli", "train", "-c", "conf/digits.yaml", f"run.output_dir={out}",
+                             f"run.name={name}", "stop.target_error=null", "stop.max_seconds=null",
+                             "stop.max_cycles=1000", "checkpoint.every_cycles=5", "progress=log"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and checkpoint.latest(str(out / "checkpoints")) is None:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.5)
+        t_sig = time.time()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err[-3000:]
+    assert time.time() - t_sig < 60
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["stop_reason"] == "interrupted"
+    assert summary["exit_code"] == code and os.path.exists(summary["paths"]["model"])
+    assert checkpoint.latest(str(out / "checkpoints")).cycle == summary["cycles"]  # the final checkpoint
+    assert "Traceback" not in err
+    deadline = time.time() + 30
+    while time.time() < deadline and subprocess.run(["pgrep", "-f", name], capture_output=True).returncode == 0:
+        time.sleep(1)
+    assert subprocess.run(["pgrep", "-f", name], capture_output=True).returncode != 0, "Spark outlived the job"

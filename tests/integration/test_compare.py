@@ -7,6 +7,7 @@ import pytest
 
 from mpca.bench.compare import compare, time_to
 from mpca.config import load_config
+from mpca.report import strict_json
 
 pytestmark = pytest.mark.cluster()
 
@@ -25,7 +26,7 @@ def test_compare_writes_table_json_and_plot_for_each_algorithm(spark, tmp_path):
     single = tab.set_index("algorithm").loc["single"]
     assert single["t(50%)/single"] == pytest.approx(1.0) and single["MB moved"] > 0  # observing costs bytes too
     js = json.loads((tmp_path / "compare.json").read_text())
-    assert js == json.loads(json.dumps(summary, default=lambda v: None))
+    assert js == json.loads(json.dumps(strict_json(summary), default=str))
     assert set(js["algorithms"]) == {"mpca", "single", "mpca:gamma0"} and js["network"] == "none (test)"
     for label, r in js["algorithms"].items():
         assert r["final_error"] < 0.5, (label, r)  # each learned on the same data

@@ -59,8 +59,8 @@ def test_every_agent_contributes_once_per_cycle_with_measured_tau(digits_fit):
     _, fit = digits_fit
     for c in fit.timeline.cycles:
         assert sorted(c.agents) == [0, 1] and not c.missing
-        assert all(e.tau >= 0 and e.weight == e.tau for e in c.agents.values())
-    total_tau = {a: sum(c.agents[a].tau for c in fit.timeline.cycles if c.reduce_shard == 0) for a in (0, 1)}
+        assert all(e.extra["tau"] >= 0 and e.weight == e.extra["tau"] for e in c.agents.values())
+    total_tau = {a: sum(c.agents[a].extra["tau"] for c in fit.timeline.cycles if c.reduce_shard == 0) for a in (0, 1)}
     steps = {s["agent"]: s["steps"] for s in fit.agents}
     for a in (0, 1):
         assert 0 < total_tau[a] <= steps[a]
@@ -80,7 +80,7 @@ def _replay(timeline, hyper, layout, agents):
         lo, hi = bounds[c.reduce_shard]
         partial = WeightedSum(None, 0.0)
         for a, e in c.agents.items():
-            partial = partial.combine(WeightedSum.of(targets[a][lo:hi], e.tau))
+            partial = partial.combine(WeightedSum.of(targets[a][lo:hi], e.extra["tau"]))
         shards[c.reduce_shard].update(partial, hyper.beta(c.cycle), hyper.gamma(c.cycle), hyper.delta)
     return torch.cat([s.joint for s in shards])
 
@@ -101,7 +101,7 @@ def test_deterministic_joint_model_matches_core_rules(spark, shards, cycles):
     for c in fit.timeline.cycles[lag:]:  # the shard broadcast in cycle c is the one reduced in cycle c - lag
         assert c.bcast_shard == (c.cycle - lag) % shards
     expected = _replay(fit.timeline, hyper, layout, [0, 1])
-    taus = [[e.tau for e in c.agents.values()] for c in fit.timeline.cycles]
+    taus = [[e.extra["tau"] for e in c.agents.values()] for c in fit.timeline.cycles]
     assert all(sum(t) > 0 for t in taus[1:])
     assert torch.allclose(fit.model.w.detach(), expected, rtol=0, atol=1e-9), (fit.model.w, expected)
     # and the agents really pulled: α > 0 was delivered with the broadcasts after the hold
@@ -125,5 +125,5 @@ def test_uneven_and_empty_partitions(spark):
     rows = sorted(s["rows"] for s in fit.agents)
     assert rows == [0, 1]
     empty = next(s["agent"] for s in fit.agents if s["rows"] == 0)
-    assert all(c.agents[empty].tau == 0 for c in fit.timeline.cycles)
+    assert all(c.agents[empty].extra["tau"] == 0 for c in fit.timeline.cycles)
     assert fit.cycles == 6

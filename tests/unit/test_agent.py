@@ -53,3 +53,17 @@ def test_bad_request_is_answered_not_fatal():
     a = _agent()
     reply, _ = a.handle({"op": "dance"}, b"")
     assert "unknown op" in reply["error"]
+
+
+def test_a_non_finite_shard_is_never_yielded_and_the_agent_goes_back_to_the_joint_model():
+    a = _agent()
+    joint = torch.full((a.shards.layout.shard_numel(0),), 0.5)
+    a.handle({"op": "deliver", "shard": 0, "params": {"alpha": 0.0}}, bytearray(joint.numpy().tobytes()))
+    a.step(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
+    with torch.no_grad():
+        a.model.weight.fill_(float("nan"))  # a numerical fault between two yields
+    header, payload = a.handle({"op": "yield", "shard": 0}, b"")
+    assert header["weight"] == 0 and header["resets"] == 1
+    assert np.all(np.frombuffer(payload, dtype=np.float32) == 0)  # nothing of the NaN goes up
+    assert torch.equal(a.shards.read(0), joint)  # reset to the latest joint shard it received
+    assert a.rule.tau == [0, 0] and a.rule.ctx.optimizer is a.optimizer  # counting starts over, fresh optimizer

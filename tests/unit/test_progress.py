@@ -29,3 +29,18 @@ def test_time_to_target_from_rate_of_improvement():
     assert abs(p.eta_to_target() - 10.0) < 1e-9
     p._errors.append((20.0, 0.6))  # worse than the window's start: no estimate
     assert p.eta_to_target() is None
+
+
+def test_summary_files_are_strict_json(tmp_path):
+    import json
+    import math
+
+    from mpca.report import write_json
+
+    def refuse(name):
+        raise ValueError(f"non-strict JSON constant {name}")
+
+    path = write_json(str(tmp_path / "summary.json"), {"error": math.nan, "t": {0.1: math.inf}, "ok": [1.5, -math.inf]})
+    data = json.loads(open(path).read(), parse_constant=refuse)
+    assert data == {"error": None, "t": {"0.1": None}, "ok": [1.5, None]}
+    assert not list(tmp_path.glob("*.tmp"))
