@@ -118,6 +118,7 @@ class Checkpoint:
     shards: int
     wall_s: float
     path: str = ""
+    pending: Optional[Dict[str, Any]] = None  # a reduction received but not staged yet (the pipeline's)
 
 
 def save(location: str, ckpt: Checkpoint, keep: int = 3) -> str:
@@ -125,6 +126,7 @@ def save(location: str, ckpt: Checkpoint, keep: int = 3) -> str:
     store.makedirs()
     buf = io.BytesIO()
     torch.save({"format": FORMAT, "cycle": ckpt.cycle, "algorithm": ckpt.algorithm, "driver_state": ckpt.driver_state,
+                "pending": ckpt.pending,
                 "model_state": ckpt.model_state,
                 "layout": [list(x) for x in ckpt.layout], "shards": ckpt.shards, "wall_s": ckpt.wall_s}, buf)
     data = buf.getvalue()
@@ -153,6 +155,7 @@ def _load(store: _Store, manifest_name: str) -> Optional[Checkpoint]:
     if state.get("format") != FORMAT:
         return None  # written by another version of mpca
     return Checkpoint(cycle=int(state["cycle"]), algorithm=str(state["algorithm"]), driver_state=state["driver_state"],
+                      pending=state.get("pending"),
                       model_state=state["model_state"],
                       layout=[tuple(x) for x in state["layout"]], shards=int(state["shards"]),
                       wall_s=float(state["wall_s"]), path=store.path(manifest["data"]))

@@ -96,7 +96,7 @@ class Trainer:
         return train.select(d.features, d.label), hx, hy
 
     def _restore(self, model, specs) -> tuple:
-        """Apply init_from / resume to the driver's model; return (driver state or None, first cycle, prior wall)."""
+        """Apply init_from / resume to the driver's model; return the checkpoint resumed from (or None)."""
         from mpca import checkpoint
 
         ck_set, algo = self.settings.checkpoint, self.settings.algorithm
@@ -107,11 +107,11 @@ class Trainer:
             except RuntimeError as e:
                 raise UserError(f"init_from {ck_set.init_from!r} does not fit this model: {str(e).splitlines()[0]}") from None
         if not ck_set.resume:
-            return None, 0, 0.0
+            return None
         ck = checkpoint.latest(ck_set.dir)
         if ck is None:
             log.info("resume: no valid checkpoint in %s, starting fresh", ck_set.dir)
-            return None, 0, 0.0
+            return None
         if ck.algorithm != algo.name:
             raise UserError(f"checkpoint {ck.path} was written by algorithm {ck.algorithm!r}, not {algo.name!r}; "
                             f"resume with algorithm.name={ck.algorithm} or start from it with checkpoint.init_from")
@@ -120,7 +120,7 @@ class Trainer:
                             f"({ck.shards} shards); resume with the same model and shards")
         model.load_state_dict(ck.model_state)
         log.info("resuming from %s at cycle %d", ck.path, ck.cycle)
-        return ck.driver_state, ck.cycle, ck.wall_s
+        return ck
 
     def _snapshot(self, run, model, cycle: int, specs, wall: float):
         """A checkpoint: the driver rule's state, and the driver model's state with its exchanged tensors
@@ -132,6 +132,7 @@ class Trainer:
         for s, v in enumerate(run.joint_vectors()):
             bound.write(s, v)
         return Checkpoint(cycle=cycle, algorithm=self.settings.algorithm.name, driver_state=run.rule.state_dict(),
+                          pending=run.pipeline.pending_state(),
                           model_state=state, layout=specs, shards=run.layout.num_shards, wall_s=wall)
 
     # ------------------------------------------------------------------ fit
@@ -148,10 +149,12 @@ class Trainer:
         model = self.model_fn()
         layout = ShardLayout.from_module(model, st.algorithm.num_shards, st.algorithm.buffers)
         specs = [(t.name, t.numel, str(t.dtype)) for t in layout.specs]
-        driver_state, first_cycle, prior_wall = self._restore(model, specs)
+        ck = self._restore(model, specs)
+        first_cycle, prior_wall = (ck.cycle, ck.wall_s) if ck else (0, 0.0)
         train_df, hx, hy = self._split(df)
         run = AgentRun(spark, train_df, model=model, model_fn=self.model_fn, loss_fn=self.loss_fn,
-                       optimizer_fn=self.optimizer_fn, settings=st, driver_state=driver_state)
+                       optimizer_fn=self.optimizer_fn, settings=st, driver_state=ck.driver_state if ck else None,
+                       pending=ck.pending if ck else None)
         history: List[dict] = []
         t0 = time.time() - prior_wall
         stop = StopRules(st.stop, t0, self.stop_requested)

@@ -213,6 +213,23 @@ class ExchangePipeline:
         self.timeline.add(rec)
         return rec
 
+    def pending_state(self) -> Optional[Dict[str, object]]:
+        """The reduction received but not staged yet (3-phase pipeline), for checkpoints: without it a resume
+        would drop one shard's reduction."""
+        if self._pending is None:
+            return None
+        c, r, result = self._pending
+        p = result["partial"]
+        total = None if p.total is None else torch.from_numpy(np.array(p.total))
+        return {"cycle": c, "shard": r, "total": total, "weight": float(p.weight)}
+
+    def restore_pending(self, state: Optional[Dict[str, object]]) -> None:
+        """Take back a checkpoint's pending reduction: staged with the first cycle, as if never interrupted."""
+        if state is not None:
+            total = state["total"]
+            partial = WeightedSum(None if total is None else total.numpy(), float(state["weight"]))
+            self._pending = (int(state["cycle"]), int(state["shard"]), {"partial": partial})
+
     def flush(self) -> None:
         """Stage whatever was reduced but not staged yet, so the joint model holds every reduction."""
         if self._pending is not None:

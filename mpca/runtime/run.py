@@ -29,7 +29,8 @@ class AgentRun:
     job has ended (cancelled if it would not end by itself) and the parameter service is closed."""
 
     def __init__(self, spark, train_df, *, model: torch.nn.Module, model_fn, loss_fn, optimizer_fn,
-                 settings: Settings, driver_state: Optional[Dict[str, Any]] = None):
+                 settings: Settings, driver_state: Optional[Dict[str, Any]] = None,
+                 pending: Optional[Dict[str, Any]] = None):
         cluster.require_classic(spark)
         self.settings = settings
         algo, training = settings.algorithm, settings.training
@@ -69,6 +70,7 @@ class AgentRun:
                                          self.layout.wire_dtype, self.timeline, executors=self.shape.executors,
                                          observe=self.service.observe if self.service else None,
                                          split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2)
+        self.pipeline.restore_pending(pending)
         self._train_df = train_df
         self.stopped: Dict[int, AgentReport] = {}
         self.agent_info: Dict[int, AgentReport] = {}

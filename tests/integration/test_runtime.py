@@ -127,3 +127,34 @@ def test_uneven_and_empty_partitions(spark):
     empty = next(s["agent"] for s in fit.agents if s["rows"] == 0)
     assert all(c.agents[empty].extra["tau"] == 0 for c in fit.timeline.cycles)
     assert fit.cycles == 6
+
+
+def test_checkpoint_holds_the_reduction_waiting_to_be_staged(spark, tmp_path):
+    """S = 3: a checkpoint taken after cycle c holds cycle c's reduction, not yet staged.  Resuming from it
+    and replaying the recorded τ of cycles 0..c (first run) and c+1.. (second run) gives the final model."""
+    import os
+
+    from mpca.runtime.timeline import Timeline
+
+    hyper = MPCAHyper(alpha=AlphaSchedule(hold_cycles=1, peak=0.5, decay_cycles=3, target=0.2),
+                      beta=BetaSchedule(1.0, 0.5, 4), gamma=GammaSchedule(0.0, 0.5, 3), delta=0.8)
+    algorithm = MPCA(shards=3, alpha=hyper.alpha, beta=hyper.beta, gamma=hyper.gamma, delta=hyper.delta)
+    rng = np.random.default_rng(0)
+    df = to_dataframe(spark, rng.normal(size=(64, 1)).astype(np.float32), np.zeros(64, dtype=np.int64), 2)
+    common = dict(agents=2, algorithm=algorithm, input_shape=(1,), batch_size=8, holdout=0.0, eval_every_cycles=100,
+                  spark=spark, checkpoint_dir=str(tmp_path), checkpoint_every=5)
+    first = Trainer(helpers.fixed_point_model, helpers.half_squared_norm, helpers.sgd_one, max_cycles=7,
+                    **common).fit(df)
+    for ext in ("json", "pt"):  # resume from the mid-run checkpoint (cycle 5), not from the final one
+        os.remove(tmp_path / f"ckpt-00000007.{ext}")
+    from mpca import checkpoint
+
+    assert checkpoint.latest(str(tmp_path)).pending["cycle"] == 4
+    second = Trainer(helpers.fixed_point_model, helpers.half_squared_norm, helpers.sgd_one, max_cycles=10,
+                     resume=True, **common).fit(df)
+    assert second.extra["first_cycle"] == 5 and [c.cycle for c in second.timeline.cycles] == [5, 6, 7, 8, 9]
+    both = Timeline()
+    for c in first.timeline.cycles[:5] + second.timeline.cycles:
+        both.add(c)
+    expected = _replay(both, hyper, ShardLayout.from_module(helpers.fixed_point_model(), 3), [0, 1])
+    assert torch.allclose(second.model.w.detach(), expected, rtol=0, atol=1e-6), (second.model.w, expected)
