@@ -121,6 +121,11 @@ class Checkpoint:
     pending: Optional[Dict[str, Any]] = None  # a reduction received but not staged yet (the pipeline's)
 
 
+def check_location(location: str) -> None:
+    """Fail now, with one line, when a checkpoint URI names no filesystem this machine can reach."""
+    _Store(location).list()
+
+
 def save(location: str, ckpt: Checkpoint, keep: int = 3) -> str:
     store = _Store(location)
     store.makedirs()

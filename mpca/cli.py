@@ -22,8 +22,17 @@ def _train(args) -> int:
     from mpca import job
     from mpca.config import load_config
 
+    if not args.config:
+        raise UserError("give a job config: mpca train -c conf/digits.yaml [key=value ...]")
     cfg = load_config(args.config, args.overrides)
-    return job.run(cfg).exit_code
+    try:
+        return job.run(cfg).exit_code
+    except UserError as e:
+        job.write_failure_summary(cfg, "user_error", EXIT_USER_ERROR, str(e))
+        raise
+    except RunFailedError as e:
+        job.write_failure_summary(cfg, "failed", EXIT_RUN_FAILED, str(e))
+        raise
 
 
 def _data(args) -> int:

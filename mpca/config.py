@@ -312,9 +312,15 @@ def _read_yaml(path: str) -> Dict[str, Any]:
     if path is not None:
         if not os.path.exists(path):
             raise UserError(f"config file {path!r} does not exist; try conf/digits.yaml")
+        if os.path.isdir(path):
+            raise UserError(f"config {path!r} is a directory; give a YAML file in it, e.g. conf/digits.yaml")
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8") as f:
                 data = yaml.safe_load(f) or {}
+        except UnicodeDecodeError as e:
+            raise UserError(f"config file {path!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+        except OSError as e:
+            raise UserError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""

@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 
@@ -74,7 +75,51 @@ def _data(spark, cfg: JobConfig):
     return df
 
 
+def write_failure_summary(cfg: JobConfig, status: str, code: int, message: str) -> None:
+    """``summary.json`` for a job that failed (user error, run failure), where the output directory allows."""
+    from mpca.report import write_json
+
+    out = cfg.run.output_dir
+    try:
+        if "://" not in out and os.path.isdir(out) or (not os.path.exists(out) and _creatable(out)):
+            os.makedirs(out, exist_ok=True)
+            write_json(os.path.join(out, "summary.json"), {"status": status, "exit_code": code, "message": message,
+                                                           "algorithm": cfg.algorithm.name, "run": cfg.run.name})
+    except OSError:
+        pass  # nowhere to write it: the message on stderr is all there is
+
+
+def _creatable(path: str) -> bool:
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    return os.path.isdir(parent) and os.access(parent, os.W_OK)
+
+
+def preflight(cfg: JobConfig, starting_spark: bool) -> None:
+    """Mistakes visible before Spark starts, each as one line: missing local paths, unreachable storage URIs,
+    no Java for a local cluster."""
+    from mpca import checkpoint
+
+    d = cfg.data
+    if d.path is not None and "://" not in d.path and not os.path.exists(d.path):
+        raise UserError(f"data.path {d.path!r} does not exist; write one with `mpca data digits {d.path}` "
+                        "or point data.path at a Parquet file or directory")
+    init = cfg.checkpoint.init_from
+    if init is not None and "://" not in init and not os.path.exists(init):
+        raise UserError(f"checkpoint.init_from {init!r} does not exist; give a previous run's model.pt or "
+                        "checkpoint directory")
+    if cfg.checkpoint.dir and "://" in cfg.checkpoint.dir:
+        checkpoint.check_location(cfg.checkpoint.dir)
+    if starting_spark and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        raise UserError("no Java found for the local Spark cluster: install Java 17 (e.g. apt-get install "
+                        "openjdk-17-jre-headless) or set JAVA_HOME")
+
+
 def _check_output_dir(path: str) -> None:
+    if "://" in path:
+        raise UserError(f"run.output_dir {path!r}: outputs go to a local directory for now; put checkpoints on "
+                        "cluster storage with checkpoint.dir=<URI>")
     try:
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, ".mpca-write-test")
@@ -103,6 +148,7 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
     out = cfg.run.output_dir
     _check_output_dir(out)
     check_model_name(cfg.model.name, cfg.model.args)
+    preflight(cfg, starting_spark=spark is None and cfg.cluster.master != "existing")
     ckpt_dir = cfg.checkpoint.dir
     own_session = False
     if spark is None:

@@ -106,3 +106,48 @@ def test_shipped_configs_validate(path):
 
     params = sum(p.numel() for p in build_model(cfg.model.name, cfg.model.args).parameters())
     assert params > (1_000_000 if "mnist" in path else 10_000)
+
+
+def _bad_inputs(tmp):
+    latin1 = tmp / "latin1.yaml"
+    latin1.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
+    return [
+        (["train", "-c", "conf/"], "is a directory"),
+        (["train", "-c", str(latin1)], "not UTF-8"),
+        (["train"], "give a job config"),
+        (["train", "-c", "conf/digits.yaml", "data.dataset=null", f"data.path={tmp}/missing.parquet"],
+         "data.path"),
+        (["train", "-c", "conf/digits.yaml", f"checkpoint.init_from={tmp}/nope.pt"], "checkpoint.init_from"),
+        (["train", "-c", "conf/digits.yaml", "checkpoint.dir=nosuch://bucket/ck"], "not reachable"),
+        (["train", "-c", "conf/digits.yaml", "run.output_dir=hdfs://nn/x"], "local directory"),
+        (["train", "-c", "conf/digits.yaml", "algorithm.name=single"], "trains one agent"),
+        (["train", "-c", "conf/digits.yaml", "algorithm.name=ddp", "algorithm.timeout_s=-1"], "'algorithm.timeout_s'"),
+        (["train", "-c", "conf/digits.yaml", "cluster.service_port=70000"], "'cluster.service_port'"),
+        (["bench", "compare", "--algorithms", "mpca,adam"], "unknown 'adam'"),
+        (["bench", "compare", "--targets", "0.1,x"], "--targets"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_bad_input_is_one_line_exit_2_before_spark_starts(tmp_path, capsys, case):
+    import time
+
+    argv, expected = _bad_inputs(tmp_path)[case]
+    if argv[0] == "train" and not any(a.startswith("run.output_dir") for a in argv) and len(argv) > 1:
+        argv.append(f"run.output_dir={tmp_path}/out")
+    t0 = time.time()
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("mpca"), err
+    assert expected in err, err
+    assert time.time() - t0 < 15  # found before any Spark session was started
+
+
+def test_a_failed_job_still_writes_its_summary(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "out"
+    assert main(["train", "-c", "conf/digits.yaml", f"run.output_dir={out}", "data.dataset=null",
+                 f"data.path={tmp_path}/missing.parquet"]) == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "user_error" and summary["exit_code"] == 2 and "data.path" in summary["message"]
