@@ -72,6 +72,8 @@ class TrainingSection(_Strict):
     agents: int = Field(2, ge=1)
     batch_size: int = Field(64, ge=1)
     use_gpus: Optional[bool] = None
+    agent_cpus: Optional[List[int]] = Field(None, description="pin each agent's training thread to these CPU "
+                                            "numbers (e.g. keep a core for it alone); None: no pinning")
 
 
 class StopSection(_Strict):

@@ -12,8 +12,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -70,14 +72,54 @@ def _steps(run) -> dict:
     return {a: e.steps for a, e in run.agent_status().items()}
 
 
-def overhead(spark, agents: int, window: float, repeats: int, interval: float = 0.0) -> dict:
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
+def _executor_jvms(app_id: str) -> list:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"CoarseGrainedExecutorBackend" in cmd and app_id.encode() in cmd:
+            out.append(int(pid))
+    return out
+
+
+class CpuMeter:
+    """CPU seconds spent by the driver (its Python process and its JVM) and by the executors' JVMs."""
+
+    def __init__(self, spark):
+        sc = spark.sparkContext
+        self.jvm = getattr(getattr(sc, "_gateway", None), "proc", None)
+        self.executors = _executor_jvms(sc.applicationId)
+
+    def read(self) -> dict:
+        return {"driver_python": time.process_time(),
+                "driver_jvm": _proc_cpu_s(self.jvm.pid) if self.jvm is not None else 0.0,
+                "executor_jvms": sum(_proc_cpu_s(p) for p in self.executors)}
+
+
+def overhead(spark, agents: int, window: float, repeats: int, interval: float = 0.0,
+             agent_cpus: Optional[List[int]] = None) -> dict:
     from mpca.data.datasets import dataset_dataframe
     from mpca.runtime.run import AgentRun
 
     df = dataset_dataframe(spark, "digits")
-    settings = settings_from(agents=agents, algorithm={"name": "mpca", "alpha": AlphaSchedule.constant(0.05)},
-                             batch_size=512, input_shape=(64,))
-    on, off, cycles = [], [], []
+    settings = settings_from(algorithm={"name": "mpca", "alpha": AlphaSchedule.constant(0.05)}, input_shape=(64,),
+                             training={"agents": agents, "batch_size": 512, "agent_cpus": agent_cpus})
+    on, off, cycles, task_cpu = [], [], [], []
+    meter = CpuMeter(spark)
+    cpu_on = {k: 0.0 for k in meter.read()}
     with AgentRun(spark, df, model=compute_heavy(), model_fn=compute_heavy, loss_fn=cross_entropy, optimizer_fn=sgd,
                   settings=settings) as run:
         c = 0
@@ -88,16 +130,23 @@ def overhead(spark, agents: int, window: float, repeats: int, interval: float = 
             s1, t1 = _steps(run), time.time()
             off.append(sum(s1[a] - s0[a] for a in s1) / (t1 - t0))
             s0, t0 = _steps(run), time.time()
+            c0, m0 = c, meter.read()
             while time.time() - t0 < window:
                 rec = run.cycle(c)
                 cycles.append(rec.t_end - rec.t_submit)
+                task_cpu.append(sum(r.exchange_cpu_s or 0 for part in (rec.agents, rec.delivered)
+                                    for r in part.values()))
                 c += 1
                 time.sleep(max(0.0, interval - (time.time() - rec.t_submit)))  # throttled exchange
+            m1 = meter.read()
+            for k in cpu_on:
+                cpu_on[k] += (m1[k] - m0[k]) / max(1, c - c0)
             s1, t1 = _steps(run), time.time()
             on.append(sum(s1[a] - s0[a] for a in s1) / (t1 - t0))
     return {"agents": agents, "interval": interval, "steps_s_on": statistics.median(on), "steps_s_off": statistics.median(off),
             "ratio": statistics.median(on) / statistics.median(off), "cycle_s": statistics.median(cycles),
-            "cycles": c}
+            "cycles": c, "exchange_task_cpu_s": statistics.median(task_cpu) if task_cpu else float("nan"),
+            **{f"{k}_cpu_s": v / repeats for k, v in cpu_on.items()}}
 
 
 def cycle_time(spark, shard_mb: float, agents: int, cycles: int) -> dict:
@@ -128,10 +177,22 @@ def main(argv=None) -> int:
     ap.add_argument("--intervals", type=float, nargs="+", default=[0.0, 1.0],
                     help="minimum seconds between cycle starts (0 = exchange as fast as possible)")
     ap.add_argument("--executor-memory-mb", type=int, default=2048)
+    ap.add_argument("--reserve-core", action="store_true",
+                    help="pin the agents' training threads to CPU 0 and everything else (driver, JVMs, exchange "
+                         "tasks) to the other CPUs: the runtime's own cost, without competing for the agent's core")
     args = ap.parse_args(argv)
 
     from mpca.runtime.cluster import local_session
 
+    agent_cpus = None
+    if args.reserve_core:
+        others = set(os.sched_getaffinity(0)) - {0}
+        if not others or 0 not in os.sched_getaffinity(0):
+            raise SystemExit("--reserve-core needs CPU 0 and at least one other CPU")
+        os.sched_setaffinity(0, others)  # this driver and every process it starts (JVMs, Python workers)
+        agent_cpus = [0]
+        print(f"reserved core: agents' training threads on CPU 0; driver, JVMs and exchange tasks on CPUs "
+              f"{sorted(others)}")
     spark = local_session(max(args.agents), 2, args.executor_memory_mb, app_name="mpca-bench",
                           conf={"spark.driver.maxResultSize": "2g"})
     spark.sparkContext.setLogLevel("ERROR")
@@ -140,12 +201,14 @@ def main(argv=None) -> int:
               "driver threads")
         print("\n1) agents' steps/s with the exchange running / with it off (same agents, alternating windows)")
         print(f"{'agents':>6} {'min interval s':>14} {'on steps/s':>11} {'off steps/s':>12} {'ratio':>6} "
-              f"{'cycle s':>8} {'cycles':>7}")
+              f"{'cycle s':>8} {'cycles':>7}   CPU s per cycle: {'tasks':>6} {'exec JVM':>8} {'drv py':>6} {'drv JVM':>7}")
         for k in args.agents:
             for iv in args.intervals:
-                r = overhead(spark, k, args.window, args.repeats, iv)
+                r = overhead(spark, k, args.window, args.repeats, iv, agent_cpus)
                 print(f"{r['agents']:>6} {iv:>14.1f} {r['steps_s_on']:>11.1f} {r['steps_s_off']:>12.1f} "
-                      f"{r['ratio']:>6.2f} {r['cycle_s']:>8.2f} {r['cycles']:>7}", flush=True)
+                      f"{r['ratio']:>6.2f} {r['cycle_s']:>8.2f} {r['cycles']:>7}   {'':>16} "
+                      f"{r['exchange_task_cpu_s']:>6.3f} {r['executor_jvms_cpu_s']:>8.3f} "
+                      f"{r['driver_python_cpu_s']:>6.3f} {r['driver_jvm_cpu_s']:>7.3f}", flush=True)
         if args.sizes_mb:
             print("\n2) exchange cycle time per shard size (S = 3, 2 agents, median after 3 warm-up cycles)")
             print(f"{'shard MB':>8} {'cycle s':>8} {'min s':>7} {'max s':>7}")

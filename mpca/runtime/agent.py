@@ -52,6 +52,7 @@ class AgentSpec:
     max_payload: int = 8 * 1024 ** 3
     service: Optional[Tuple[str, int]] = None  # the driver's parameter service, for agent-initiated algorithms
     rendezvous: Dict[str, Any] = field(default_factory=dict)
+    cpus: Optional[List[int]] = None  # pin the training thread to these CPUs
 
 
 def load_state(model: torch.nn.Module, state: Dict[str, np.ndarray]) -> None:
@@ -127,6 +128,8 @@ class Agent:
         gen = torch.Generator().manual_seed(self.spec.seed + 7919 * self.id)
         bs = self.spec.batch_size
         self.model.train()
+        if self.spec.cpus:
+            os.sched_setaffinity(0, self.spec.cpus)  # on Linux: this (training) thread only
         try:
             while not self._should_stop():
                 if n == 0:  # an empty partition: nothing to learn from, contribute weight 0

@@ -152,6 +152,7 @@ def exchange_partition(plan: ExchangePlan, bcast, _rows: Iterator) -> Iterator[D
 
 def _exchange(plan: ExchangePlan, bcast, t_start: float) -> Dict[str, Any]:
     """Claim an agent of this executor, then do the plan's one thing with it."""
+    cpu0 = time.thread_time()
     rec = empty_record()
     ch, info, _ = _claim(plan)
     if ch is None:
@@ -173,6 +174,7 @@ def _exchange(plan: ExchangePlan, bcast, t_start: float) -> Dict[str, Any]:
     finally:
         ch.close()
     entry.t_end = time.time()
+    entry.exchange_cpu_s = time.thread_time() - cpu0  # this task's Python CPU (not the JVM's download)
     if plan.op in ("deliver", "cycle") and bcast is not None:
         rec["delivered"][entry.agent] = entry
     if plan.op != "deliver":

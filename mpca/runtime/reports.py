@@ -31,6 +31,7 @@ class AgentReport:
     resets: int = 0  # numerical faults (NaN/Inf) after which the agent went back to the joint model
     extra: Dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
+    exchange_cpu_s: Optional[float] = None  # CPU seconds of the exchange task's Python thread
     t_start: Optional[float] = None
     t_yield: Optional[float] = None
     t_bc_loaded: Optional[float] = None

@@ -62,7 +62,8 @@ class AgentRun:
                               batch_size=training.batch_size, input_shape=tuple(settings.data.input_shape),
                               seed=settings.seed, max_payload=max_payload,
                               service=self.service.address if self.service else None,
-                              rendezvous=self.rule.rendezvous(host, settings.cluster.service_port))
+                              rendezvous=self.rule.rendezvous(host, settings.cluster.service_port),
+                              cpus=training.agent_cpus)
         self.profile = cluster.agent_resource_profile(use_gpus, pinned=self.shape.agent_slots_per_executor > 0)
         self.job = AgentJob(self.sc, self.run_id)
         self.timeline = Timeline()
