@@ -67,3 +67,35 @@ def test_a_non_finite_shard_is_never_yielded_and_the_agent_goes_back_to_the_join
     assert np.all(np.frombuffer(payload, dtype=np.float32) == 0)  # nothing of the NaN goes up
     assert torch.equal(a.shards.read(0), joint)  # reset to the latest joint shard it received
     assert a.rule.tau == [0, 0] and a.rule.ctx.optimizer is a.optimizer  # counting starts over, fresh optimizer
+
+
+class _AffinityProbe(torch.nn.Linear):
+    seen = []
+
+    def forward(self, x):
+        import os
+
+        _AffinityProbe.seen.append(os.sched_getaffinity(0))  # the calling (training) thread's CPUs
+        return super().forward(x)
+
+
+def test_agent_cpus_pin_the_training_thread_only():
+    import os
+    import threading
+
+    m = _AffinityProbe(3, 2)
+    spec = AgentSpec(run_id="t", secret=b"s", model_fn=lambda: _AffinityProbe(3, 2), loss_fn=lambda out, y: out.sum(),
+                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 1), init_state=model_state(m),
+                     batch_size=2, input_shape=(3,), cpus=[0])
+    a = Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+    before = os.sched_getaffinity(0)
+    t = threading.Thread(target=a.train_forever)
+    t.start()
+    import time
+
+    deadline = time.time() + 10
+    while len(_AffinityProbe.seen) < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    a.stop_requested = True
+    t.join(5)
+    assert _AffinityProbe.seen[-1] == {0} and os.sched_getaffinity(0) == before  # this thread untouched
