@@ -33,6 +33,21 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn, 
     return EvalResult(wrong / n if classify else float("nan"), loss_sum / n)
 
 
+def has_batchnorm(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 256) -> None:
+    """Running statistics of every BatchNorm layer re-estimated from the inputs ``x`` (a cumulative average over
+    the batches, as ``torch.optim.swa_utils.update_bn``).  With ``buffers="local"`` each agent keeps its own
+    statistics and the joint model has none; this gives the evaluated and the saved model statistics that
+    match their weights."""
+    if x.shape[0] == 0:
+        return
+    torch.optim.swa_utils.update_bn([x[lo:lo + batch_size] for lo in range(0, x.shape[0], batch_size)], model)
+
+
 class BackgroundEvaluator:
     """Evaluates snapshots of the joint model in a thread, so the pipeline never waits for it.
 
@@ -40,8 +55,10 @@ class BackgroundEvaluator:
     :meth:`drain` returns the finished history rows, each with the snapshot it scored under
     ``"_snapshot"`` (the trainer keeps the one that met the target)."""
 
-    def __init__(self, model: torch.nn.Module, bound, buffers: str, hx: torch.Tensor, hy: torch.Tensor, loss_fn):
+    def __init__(self, model: torch.nn.Module, bound, buffers: str, hx: torch.Tensor, hy: torch.Tensor, loss_fn,
+                 calibration: Optional[torch.Tensor] = None):
         self.model = copy.deepcopy(model)
+        self.calibration = calibration  # training inputs for BatchNorm statistics (buffers="local")
         self.bound = bound.layout.bind_module(self.model, buffers)
         self.hx, self.hy, self.loss_fn = hx, hy, loss_fn
         self._lock = threading.Lock()
@@ -79,6 +96,8 @@ class BackgroundEvaluator:
             try:
                 for s, v in enumerate(snap):
                     self.bound.write(s, v)
+                if self.calibration is not None:
+                    recalibrate_batchnorm(self.model, self.calibration)
                 r = evaluate(self.model, self.hx, self.hy, self.loss_fn)
                 row = {"wall_s": wall, "cycle": cycle + 1, "holdout_error": r.error, "holdout_loss": r.loss,
                        "samples_per_s": float(sum(sps.values())) if sps else float("nan"), "epochs": epochs,

@@ -23,6 +23,7 @@ from mpca.evaluation import BackgroundEvaluator, EvalResult, evaluate
 from mpca.runtime.timeline import Timeline
 
 log = logging.getLogger("mpca.trainer")
+CALIBRATION_ROWS = 2048  # training rows the driver keeps for BatchNorm statistics under buffers="local"
 
 
 @dataclass
@@ -95,6 +96,18 @@ class Trainer:
         hx, hy = batches_to_tensors(table.to_batches(), d.features, d.label, d.input_shape)
         return train.select(d.features, d.label), hx, hy
 
+    def _calibration(self, model, train_df) -> Optional[torch.Tensor]:
+        """Training inputs for BatchNorm statistics when the agents keep theirs (``buffers="local"``)."""
+        from mpca.evaluation import has_batchnorm
+
+        if self.settings.algorithm.buffers != "local" or not has_batchnorm(model):
+            return None
+        from mpca.data.arrow import batches_to_tensors
+
+        d = self.settings.data
+        table = train_df.limit(CALIBRATION_ROWS).toArrow()
+        return batches_to_tensors(table.to_batches(), d.features, d.label, d.input_shape)[0]
+
     def _restore(self, model, specs) -> tuple:
         """Apply init_from / resume to the driver's model; return the checkpoint resumed from (or None)."""
         from mpca import checkpoint
@@ -152,6 +165,7 @@ class Trainer:
         ck = self._restore(model, specs)
         first_cycle, prior_wall = (ck.cycle, ck.wall_s) if ck else (0, 0.0)
         train_df, hx, hy = self._split(df)
+        calibration = self._calibration(model, train_df)
         run = AgentRun(spark, train_df, model=model, model_fn=self.model_fn, loss_fn=self.loss_fn,
                        optimizer_fn=self.optimizer_fn, settings=st, driver_state=ck.driver_state if ck else None,
                        pending=ck.pending if ck else None)
@@ -159,7 +173,7 @@ class Trainer:
         t0 = time.time() - prior_wall
         stop = StopRules(st.stop, t0, self.stop_requested)
         progress = Progress(st.progress, st.stop.target_error)
-        evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, hx, hy, self.loss_fn)
+        evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, hx, hy, self.loss_fn, calibration)
         saver = BackgroundSaver(st.checkpoint.dir, st.checkpoint.keep)
         cycles_done, stop_reason, winner = first_cycle, None, None
         try:
@@ -195,20 +209,26 @@ class Trainer:
             saver.close()
             progress.close()
         return self._finish(run, model, specs, saver, history, winner, first_cycle, cycles_done, stop_reason, t0,
-                            hx, hy)
+                            hx, hy, calibration)
 
     def _eval_due(self, cycles_in_run: int, last_eval: float) -> bool:
         ev = self.settings.eval
         due = ev.every_cycles is not None and cycles_in_run % ev.every_cycles == ev.every_cycles - 1
         return due or (ev.every_seconds is not None and time.time() - last_eval >= ev.every_seconds)
 
-    def _finish(self, run, model, specs, saver, history, winner, first_cycle, cycles_done, stop_reason, t0, hx, hy):
+    def _finish(self, run, model, specs, saver, history, winner, first_cycle, cycles_done, stop_reason, t0, hx, hy,
+                calibration=None):
         """The final model (the evaluated snapshot that met the target, else the joint model after the last
-        reduction), the final checkpoint and evaluation, and the result."""
+        reduction; BatchNorm statistics recalibrated when the agents kept theirs), the final checkpoint and
+        evaluation, and the result."""
         import pandas as pd
+
+        from mpca.evaluation import recalibrate_batchnorm
 
         for s, vec in enumerate(winner if winner is not None else run.joint_vectors()):
             run.bound.write(s, vec)
+        if calibration is not None:
+            recalibrate_batchnorm(model, calibration)
         if self.settings.checkpoint.dir:
             saver.write(self._snapshot(run, model, cycles_done, specs, time.time() - t0))
         final = evaluate(model, hx, hy, self.loss_fn)

@@ -75,3 +75,19 @@ class PoisonedCNN(SmallCNN):
 
 def poisoned_cnn():
     return PoisonedCNN()
+
+
+class BatchNormCNN(nn.Module):
+    """A small CNN with BatchNorm, for digits."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(),
+                                 nn.Linear(16 * 64, 10))
+
+    def forward(self, x):
+        return self.net(x * 4.0 + 2.0)  # inputs far from zero mean and unit variance: statistics matter
+
+
+def bn_cnn():
+    return BatchNormCNN()
