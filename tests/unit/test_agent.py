@@ -1,6 +1,7 @@
 """The agent's side of the protocol, without Spark: claim once per token; with MPCA's agent rule, pull (Eq. 7)
 before each step, τ per shard, yield resets τ, deliver swaps the pull target."""
 import numpy as np
+import pytest
 import torch
 
 from mpca.algorithm import ShardLayout
@@ -99,3 +100,40 @@ def test_agent_cpus_pin_the_training_thread_only():
     a.stop_requested = True
     t.join(5)
     assert _AffinityProbe.seen[-1] == {0} and os.sched_getaffinity(0) == before  # this thread untouched
+
+
+def test_agent_channel_refuses_out_of_range_shards_and_oversized_payloads_and_keeps_serving(tmp_path):
+    """An authenticated peer cannot crash the agent or make it allocate: a payload is accepted only up to the
+    size the model's layout needs, and a shard number out of range gets an error reply."""
+    import socket
+    import threading
+
+    from mpca.runtime.channel import PREFIX, Channel, ChannelError, listen
+
+    a = _agent()
+    a.spec.max_payload = a.spec.layout.shard_nbytes(0) + a.spec.layout.shard_nbytes(1) + 4096  # as AgentRun sets it
+    path = str(tmp_path / "agent.sock")
+    srv = listen(path)
+    threading.Thread(target=a.serve, args=(srv,), daemon=True).start()
+    try:
+        ch = Channel.connect(path, b"s")
+        reply, _ = ch.request({"op": "deliver", "shard": 99, "params": {}}, b"\0" * 8)
+        assert "bad request" in reply["error"]
+        reply, _ = ch.request({"op": "yield", "shard": -1})
+        assert "bad request" in reply["error"]
+        assert ch.request({"op": "hello"})[0]["agent"] == 0  # the same connection still works
+        ch.close()
+        big = Channel.connect(path, b"s")
+        big.sock.sendall(PREFIX.pack(2, 1 << 30) + b"{}")  # announces 1 GiB: refused before any allocation
+        big.sock.settimeout(5)
+        with pytest.raises((ChannelError, ConnectionError, socket.timeout, OSError)):
+            big.recv(timeout=5)
+        big.close()
+        with pytest.raises(ChannelError):
+            Channel.connect(path, b"wrong secret")
+        ok = Channel.connect(path, b"s")
+        assert ok.request({"op": "hello"})[0]["agent"] == 0  # and the agent serves on
+        ok.close()
+    finally:
+        a.stop_requested = True
+        srv.close()
