@@ -1,21 +1,28 @@
-"""mpca: coordinated asynchronous training of PyTorch models on Apache Spark (MPCA SGD).
+"""mpca: coordinated asynchronous training of PyTorch models on Apache Spark (MPCA SGD and its baselines).
 
     from mpca import Trainer
-    result = Trainer(model_fn, loss_fn, optimizer_fn, agents=2, input_shape=(1, 8, 8)).fit(df)
+    result = Trainer(model_fn, loss_fn, optimizer_fn, agents=2, input_shape=(1, 8, 8),
+                     algorithm="mpca").fit(df)        # or "sync", "easgd", "diloco", "ddp", "single"
 """
-from mpca.algorithm import AlphaSchedule, BetaSchedule, GammaSchedule, MPCAHyper
+from mpca.algorithm import (AgentRule, Algorithm, AlphaSchedule, BetaSchedule, DriverRule, GammaSchedule, MPCAHyper,
+                            algorithm_names, register)
 from mpca.errors import ClusterTooSmallError, MpcaError, RunFailedError, UserError
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name):  # the Trainer pulls in Spark; import it lazily
+def __getattr__(name):  # the Trainer and the settings pull in Spark and pydantic; import them lazily
     if name in ("Trainer", "FitResult"):
         from mpca import trainer
 
         return getattr(trainer, name)
+    if name in ("Settings", "load_config"):
+        from mpca import config
+
+        return getattr(config, name)
     raise AttributeError(name)
 
 
-__all__ = ["AlphaSchedule", "BetaSchedule", "ClusterTooSmallError", "FitResult", "GammaSchedule", "MPCAHyper",
-           "MpcaError", "RunFailedError", "Trainer", "UserError"]
+__all__ = ["AgentRule", "Algorithm", "AlphaSchedule", "BetaSchedule", "ClusterTooSmallError", "DriverRule",
+           "FitResult", "GammaSchedule", "MPCAHyper", "MpcaError", "RunFailedError", "Settings", "Trainer",
+           "UserError", "algorithm_names", "load_config", "register"]
