@@ -132,8 +132,10 @@ def test_notebook_executes():
 
 
 def test_unreadable_data_path_is_one_line_exit_2(tmp_path):
+    """A path that exists but is not Parquet (a missing one is refused before Spark starts: unit tests)."""
     t = time.time()
-    p = _mpca(f"run.output_dir={tmp_path}/run", "data.dataset=null", f"data.path={tmp_path}/no-such.parquet")
+    (tmp_path / "junk.parquet").write_bytes(b"this is not parquet")
+    p = _mpca(f"run.output_dir={tmp_path}/run", "data.dataset=null", f"data.path={tmp_path}/junk.parquet")
     assert p.returncode == 2, p.stderr[-2000:]
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("mpca:")]
     assert lines == [lines[0]] and "cannot be read as Parquet" in lines[0] and "Traceback" not in p.stderr
