@@ -62,8 +62,9 @@ def _duty(fit) -> float:
 def _comm_comp(fit) -> Optional[float]:
     """Communication/computation ratio of one model exchange (paper Table 1): the time the pipeline needs
     to move the whole model once (median cycle × S) over the time of one local step."""
-    cycles = [c.t_end - c.t_submit for c in fit.timeline.cycles[3:] if c.reduce_shard is not None]
-    rates = [r.steps_per_s for c in fit.timeline.cycles[3:] for r in c.agents.values() if r.steps_per_s]
+    steady = fit.timeline.cycles[3:] if len(fit.timeline.cycles) > 4 else fit.timeline.cycles  # short runs: all
+    cycles = [c.t_end - c.t_submit for c in steady if c.reduce_shard is not None]
+    rates = [r.steps_per_s for c in steady for r in c.agents.values() if r.steps_per_s]
     if not cycles or not rates:
         return None
     shards = len({c.reduce_shard for c in fit.timeline.cycles})
