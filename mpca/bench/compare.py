@@ -169,20 +169,11 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
 
 def _session(cfg, network: str):
     """The Spark session: the emulated cluster's master when this process runs inside one, else local-cluster."""
-    master = os.environ.get("MPCA_SPARK_MASTER")
+    from mpca.bench.netcluster import session_in_cluster
     from mpca.runtime.cluster import local_session
 
-    if master:
-        from pyspark.sql import SparkSession
-
-        b = (SparkSession.builder.master(master).appName("mpca-compare")
-             .config("spark.driver.host", os.environ["MPCA_DRIVER_HOST"])
-             .config("spark.executor.resource.agentslot.amount", "1")
-             .config("spark.pyspark.python", sys.executable).config("spark.ui.enabled", "false")
-             .config("spark.sql.execution.arrow.pyspark.enabled", "true"))
-        for key, value in cfg.cluster.conf.items():
-            b = b.config(key, value)
-        spark = b.getOrCreate()
+    spark = session_in_cluster("mpca-compare", cfg.cluster.conf)
+    if spark is not None:
         return spark, f"{network} (emulated cluster: standalone master, workers in network namespaces)"
     if cfg.cluster.master == "existing":  # spark-submit spark_jobs/benchmark.py compare ... (its cluster, its network)
         from pyspark.sql import SparkSession

@@ -834,3 +834,21 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def session_in_cluster(app_name: str, conf: Optional[Dict[str, str]] = None):
+    """A SparkSession on the master of the emulated cluster this process runs in (``$MPCA_SPARK_MASTER``, set
+    by :class:`NetCluster` for its command), ready for mpca agents; None outside one."""
+    master = os.environ.get("MPCA_SPARK_MASTER")
+    if not master:
+        return None
+    from pyspark.sql import SparkSession
+
+    b = (SparkSession.builder.master(master).appName(app_name)
+         .config("spark.driver.host", os.environ["MPCA_DRIVER_HOST"])
+         .config("spark.executor.resource.agentslot.amount", "1").config("spark.ui.enabled", "false")
+         .config("spark.pyspark.python", sys.executable)
+         .config("spark.sql.execution.arrow.pyspark.enabled", "true"))
+    for key, value in (conf or {}).items():
+        b = b.config(key, value)
+    return b.getOrCreate()

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import threading
 import time
 
@@ -62,18 +61,11 @@ class LinkSampler:
 
 
 def _session(agents: int):
-    master = os.environ.get("MPCA_SPARK_MASTER")
-    if master:
-        from pyspark.sql import SparkSession
-
-        return (SparkSession.builder.master(master).appName("mpca-overlap")
-                .config("spark.driver.host", os.environ["MPCA_DRIVER_HOST"])
-                .config("spark.executor.resource.agentslot.amount", "1").config("spark.ui.enabled", "false")
-                .config("spark.pyspark.python", sys.executable).config("spark.executor.memory", "1024m")
-                .config("spark.sql.execution.arrow.pyspark.enabled", "true").getOrCreate())
+    from mpca.bench.netcluster import session_in_cluster
     from mpca.runtime.cluster import local_session
 
-    return local_session(agents, 3, 1024, app_name="mpca-overlap")
+    return (session_in_cluster("mpca-overlap", {"spark.executor.memory": "1024m"})
+            or local_session(agents, 3, 1024, app_name="mpca-overlap"))
 
 
 def _timed(fn) -> float:

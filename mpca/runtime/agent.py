@@ -117,7 +117,6 @@ class Agent:
         self.rule: AgentRule = spec.rule_factory(ctx)
         self._anchor = [[v.detach().clone() for v in self.shards.views(s)] for s in range(spec.layout.num_shards)]
         self.resets = 0
-        self.last_reset: Optional[str] = None
 
     # ------------------------------------------------------------------ training
     def _should_stop(self) -> bool:
@@ -193,7 +192,6 @@ class Agent:
         """Numerical fault (lock held): back to the latest joint model this agent received (the initial one for
         shards never delivered), with a fresh optimizer; the rule starts over (MPCA: τ from 0)."""
         self.resets += 1
-        self.last_reset = why
         log.warning("agent %s: %s; reset to the joint model (reset %d)", self.id, why, self.resets)
         with torch.no_grad():
             for s, pieces in enumerate(self._anchor):
@@ -235,7 +233,7 @@ class Agent:
             pieces = self.shards.split(s, vec)  # conversion and host→device copy outside the lock
             with self._served():
                 self.rule.receive(s, pieces, params)
-                self._anchor[s] = [p.detach().clone() for p in pieces]  # the latest joint shard: where a reset goes
+                self._anchor[s] = pieces  # the latest joint shard (fresh tensors, never written): where a reset goes
             return {"ok": True}, None
         if op == "yield":
             s = int(header["shard"])
@@ -244,10 +242,11 @@ class Agent:
             self.rule.yield_ready(s, params, float(header.get("timeout_s", 120.0)))
             with self._served():  # materialize the shard between two steps
                 vec, weight, extra = self.rule.contribution(s, params)
-                if not bool(torch.isfinite(vec).all()):  # never let NaN/Inf reach the joint model
-                    self._reset(f"non-finite values in shard {s}")
-                    vec, weight = torch.zeros_like(vec), 0.0
                 counters = self._counters()
+            if not bool(torch.isfinite(vec).all()):  # never let NaN/Inf reach the joint model (checked unlocked)
+                with self._served():
+                    self._reset(f"non-finite values in shard {s}")
+                vec, weight = torch.zeros_like(vec), 0.0
             rep = self.report(weight=float(weight), extra=extra, **{k: counters[k] for k in
                                                                   ("steps_per_s", "loss", "exchange_s", "alive_s")})
             return rep.to_dict(), vec.numpy().tobytes()
