@@ -62,6 +62,15 @@ class _Store:
     def path(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/{name}"
 
+    def sweep_temporaries(self) -> None:
+        """Remove temporaries of writers that died mid-write (kill -9): local disks only, dead processes only."""
+        if not self.local:
+            return
+        for n in self.list():
+            m = re.fullmatch(r"\..+\.tmp-(\d+)", n)
+            if m and not _alive(int(m.group(1))):
+                self.delete(n)
+
     def write_atomic(self, name: str, data: bytes) -> None:
         final, tmp = self.path(name), self.path(f".{name}.tmp-{os.getpid()}")
         if self.local:
@@ -121,6 +130,16 @@ class Checkpoint:
     pending: Optional[Dict[str, Any]] = None  # a reduction received but not staged yet (the pipeline's)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def check_location(location: str) -> None:
     """Fail now, with one line, when a checkpoint URI names no filesystem this machine can reach."""
     _Store(location).list()
@@ -129,6 +148,7 @@ def check_location(location: str) -> None:
 def save(location: str, ckpt: Checkpoint, keep: int = 3) -> str:
     store = _Store(location)
     store.makedirs()
+    store.sweep_temporaries()
     buf = io.BytesIO()
     torch.save({"format": FORMAT, "cycle": ckpt.cycle, "algorithm": ckpt.algorithm, "driver_state": ckpt.driver_state,
                 "pending": ckpt.pending,

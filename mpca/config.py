@@ -74,6 +74,14 @@ class TrainingSection(_Strict):
     use_gpus: Optional[bool] = None
     agent_cpus: Optional[List[int]] = Field(None, description="pin each agent's training thread to these CPU "
                                             "numbers (e.g. keep a core for it alone); None: no pinning")
+    min_agents: int = Field(1, ge=1, description="fewer agents answering than this for cluster.agent_lost_timeout_s "
+                            "fails the run (lost agents are otherwise left out of the reduction until they return)")
+
+    @model_validator(mode="after")
+    def _min_agents_fit(self):
+        if self.min_agents > self.agents:
+            raise ValueError(f"training.min_agents={self.min_agents} exceeds training.agents={self.agents}")
+        return self
 
 
 class StopSection(_Strict):
@@ -112,6 +120,11 @@ class ClusterSection(_Strict):
     master: str = Field("existing", description="local-cluster[K,C,MB] or 'existing' (the active session)")
     executor_wait_s: float = Field(60.0, gt=0)
     agent_start_timeout_s: float = Field(180.0, gt=0)
+    agent_wait_s: Optional[float] = Field(None, gt=0, description="how long a cycle waits for a silent (hung or "
+                                          "lost) agent before going on without it (None: 5 x the median recent "
+                                          "cycle, within 2-10 s)")
+    agent_lost_timeout_s: float = Field(120.0, gt=0, description="fewer than training.min_agents answering for "
+                                        "this long fails the run (Spark's retry of a lost agent takes ~20-60 s)")
     service_host: Optional[str] = Field(None, description="address executors reach the driver's parameter service "
                                         "at (default: spark.driver.host)")
     service_port: int = Field(0, ge=0, le=65535, description="port of the parameter service (0: any free port)")
@@ -124,6 +137,9 @@ class ClusterSection(_Strict):
 
         if v == "existing" or re.fullmatch(r"local-cluster\[\d+,\d+,\d+\]", v.replace(" ", "")):
             return v.replace(" ", "")
+        if v.startswith("sc://"):
+            raise ValueError("a Spark Connect address (sc://...): mpca needs classic Spark (RDDs and long-lived "
+                             "tasks); run on the cluster with spark-submit or a dedicated/single-user cluster")
         if v.startswith("local"):
             raise ValueError("use local-cluster[K,2,1024] (plain local[*] has no executors for agents)")
         raise ValueError("use 'existing' (the session of spark-submit/the notebook) or local-cluster[K,C,MB]")
@@ -210,6 +226,8 @@ SHORTCUTS = {
     "resume": "checkpoint.resume", "init_from": "checkpoint.init_from",
     "executor_wait_s": "cluster.executor_wait_s", "agent_start_timeout_s": "cluster.agent_start_timeout_s",
     "service_host": "cluster.service_host", "service_port": "cluster.service_port",
+    "min_agents": "training.min_agents", "agent_wait_s": "cluster.agent_wait_s",
+    "agent_lost_timeout_s": "cluster.agent_lost_timeout_s",
 }
 
 

@@ -105,6 +105,10 @@ def preflight(cfg: JobConfig, starting_spark: bool) -> None:
     if d.path is not None and "://" not in d.path and not os.path.exists(d.path):
         raise UserError(f"data.path {d.path!r} does not exist; write one with `mpca data digits {d.path}` "
                         "or point data.path at a Parquet file or directory")
+    if d.path is not None and "://" not in d.path:  # rows, columns, labels and one batch, before Spark starts
+        from mpca.data.checks import check_parquet
+
+        check_parquet(d.path, d.features, d.label, d.input_shape, *training_functions(cfg))
     init = cfg.checkpoint.init_from
     if init is not None and "://" not in init and not os.path.exists(init):
         raise UserError(f"checkpoint.init_from {init!r} does not exist; give a previous run's model.pt or "

@@ -75,11 +75,10 @@ class Trainer:
         return s
 
     def _split(self, df):
+        from mpca.data.checks import check_columns
+
         d = self.settings.data
-        cols = set(df.columns)
-        for c in (d.features, d.label):
-            if c not in cols:
-                raise UserError(f"column {c!r} not in the data (columns: {sorted(cols)}); set features=/label=")
+        check_columns(df.columns, d.features, d.label)
         from pyspark.ml.linalg import VectorUDT
 
         if isinstance(df.schema[d.features].dataType, VectorUDT):  # ML vectors → array<float>
@@ -90,10 +89,10 @@ class Trainer:
             train, hold = df.randomSplit([1.0 - d.holdout, d.holdout], seed=self.settings.seed)
         else:
             train, hold = df, df.limit(0)
-        from mpca.data.arrow import batches_to_tensors
+        from mpca.data.checks import tensors
 
         table = hold.select(d.features, d.label).limit(d.holdout_max_rows).toArrow()
-        hx, hy = batches_to_tensors(table.to_batches(), d.features, d.label, d.input_shape)
+        hx, hy = tensors(table, d.features, d.label, d.input_shape)
         return train.select(d.features, d.label), hx, hy
 
     def _calibration(self, model, train_df) -> Optional[torch.Tensor]:
@@ -102,11 +101,10 @@ class Trainer:
 
         if self.settings.algorithm.buffers != "local" or not has_batchnorm(model):
             return None
-        from mpca.data.arrow import batches_to_tensors
+        from mpca.data.checks import tensors
 
         d = self.settings.data
-        table = train_df.limit(CALIBRATION_ROWS).toArrow()
-        return batches_to_tensors(table.to_batches(), d.features, d.label, d.input_shape)[0]
+        return tensors(train_df.limit(CALIBRATION_ROWS).toArrow(), d.features, d.label, d.input_shape)[0]
 
     def _restore(self, model, specs) -> tuple:
         """Apply init_from / resume to the driver's model; return the checkpoint resumed from (or None)."""
@@ -156,8 +154,12 @@ class Trainer:
         from mpca.runtime.run import AgentRun
         from mpca.stopping import StopRules
 
+        from mpca.data.checks import check_dataframe
+        from mpca.runtime.cluster import require_classic
+
         st = self.settings
         spark = self._session()
+        require_classic(spark)  # before any job: Spark Connect has no RDDs for agents
         torch.manual_seed(st.seed)
         model = self.model_fn()
         layout = ShardLayout.from_module(model, st.algorithm.num_shards, st.algorithm.buffers)
@@ -165,6 +167,8 @@ class Trainer:
         ck = self._restore(model, specs)
         first_cycle, prior_wall = (ck.cycle, ck.wall_s) if ck else (0, 0.0)
         train_df, hx, hy = self._split(df)
+        d = st.data  # empty data, bad labels, a model or loss that cannot take the rows: one line, no agent started
+        check_dataframe(train_df, d.features, d.label, d.input_shape, self.model_fn, self.loss_fn, self.optimizer_fn)
         calibration = self._calibration(model, train_df)
         run = AgentRun(spark, train_df, model=model, model_fn=self.model_fn, loss_fn=self.loss_fn,
                        optimizer_fn=self.optimizer_fn, settings=st, driver_state=ck.driver_state if ck else None,

@@ -1,4 +1,6 @@
 """Models and functions used by integration tests (shipped to executors by value)."""
+import os
+
 import torch
 from torch import nn
 
@@ -91,3 +93,68 @@ class BatchNormCNN(nn.Module):
 
 def bn_cnn():
     return BatchNormCNN()
+
+
+class FaultyAgentCNN(SmallCNN):
+    """A SmallCNN whose agent 1 (first attempt of its task only) injects a real process fault at forward call
+    ``at_call``: ``"hang"`` stops its own process (SIGSTOP) after starting a helper that resumes it
+    (SIGCONT) ``hang_s`` later; ``"kill-executor"`` kills its executor's JVM with SIGKILL."""
+
+    def __init__(self, fault: str, at_call: int = 150, hang_s: float = 8.0):
+        super().__init__(8)
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        # the first agent process only: a replacement (a retried task, perhaps in a resubmitted stage where its
+        # attempt number starts at 0 again) must not fire again; the test removes the marker before the run
+        self.armed = tc is not None and tc.partitionId() == 1 and _first_time(fault_marker(fault))
+        self.fault, self.at_call, self.hang_s, self.calls = fault, at_call, hang_s, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.armed and self.calls == self.at_call:
+            import os
+            import signal
+            import subprocess
+
+            if self.fault == "hang":
+                subprocess.Popen(["sh", "-c", f"sleep {self.hang_s}; kill -CONT {os.getpid()}"],
+                                 start_new_session=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            else:
+                os.kill(executor_jvm_pid(), signal.SIGKILL)
+        return super().forward(x)
+
+
+def fault_marker(fault: str) -> str:
+    return f"/tmp/mpca-test-fault-{fault}"
+
+
+def _first_time(marker: str) -> bool:
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def executor_jvm_pid() -> int:
+    """The executor JVM above this Python worker (worker ← pyspark.daemon ← JVM)."""
+    import os
+
+    pid = os.getpid()
+    for _ in range(4):
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"CoarseGrainedExecutorBackend" in f.read():
+                return pid
+    raise RuntimeError("no executor JVM above this process")
+
+
+def hanging_cnn():
+    return FaultyAgentCNN("hang")
+
+
+def executor_killing_cnn():
+    return FaultyAgentCNN("kill-executor")

@@ -96,6 +96,10 @@ class AgentRule:
         """What goes up for ``shard``: (vector in the wire dtype on the CPU, weight in Eq. 9, extra report)."""
         return self.ctx.shards.read(shard), 1.0, {}
 
+    def contribution_lost(self, shard: int, extra: Dict[str, Any]) -> None:
+        """A contribution (its ``extra``) never reached the reduction (task retried, fetch failed): take back
+        what :meth:`contribution` reset, so that its steps count in the next one (MPCA: τ)."""
+
     def close(self) -> None: ...
 
 
@@ -145,6 +149,11 @@ class DriverRule:
         """A consistent copy of the joint model, one vector per shard."""
         with self.lock:
             return [j.clone() for j in self.joint]
+
+    def join_vectors(self) -> List[torch.Tensor]:
+        """Where a replacement agent starts (one vector per shard): the model the agents are pulled toward
+        (default: the joint model)."""
+        return self.joint_vectors()
 
     def state_dict(self) -> Dict[str, Any]:
         return {"joint": [j.clone() for j in self.joint]}

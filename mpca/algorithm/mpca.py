@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from mpca.algorithm.base import AgentContext, AgentRule, Algorithm, DriverRule, Params
 from mpca.algorithm.joint import JointShard, MPCAHyper
 from mpca.algorithm.registry import register
-from mpca.algorithm.rules import WeightedSum, elastic_pull_
+from mpca.algorithm.rules import WeightedSum, elastic_pull_, extrapolate
 from mpca.algorithm.schedules import AlphaSchedule, BetaSchedule, GammaSchedule
 
 
@@ -47,6 +47,9 @@ class MPCAAgent(AgentRule):
     def on_reset(self) -> None:
         self.tau = [0] * len(self.tau)  # steps before the fault carry no weight
 
+    def contribution_lost(self, shard: int, extra) -> None:
+        self.tau[shard] += int(extra.get("tau", 0))  # those steps weigh in the next contribution of the shard
+
     def receive(self, shard: int, pieces: List[torch.Tensor], params: Params) -> None:
         self.targets[shard] = pieces
         self.alpha = float(params["alpha"])
@@ -68,6 +71,12 @@ class MPCADriver(DriverRule):
         super().__init__(joint, agents)
         self.hyper = hyper
         self.shards = [JointShard(j) for j in self.joint]
+        self._gamma = 0.0  # γ of the latest projection (Eq. 5), for join_vectors
+
+    def join_vectors(self) -> List[torch.Tensor]:
+        """x* = x̃ + γ ṽ (Eq. 5) for every shard: a replacement agent starts where the others are pulled."""
+        with self.lock:
+            return [extrapolate(s.joint, s.velocity, self._gamma) for s in self.shards]
 
     def cycle_params(self, cycle: int) -> Params:
         return {"alpha": self.hyper.alpha(cycle)}
@@ -76,6 +85,7 @@ class MPCADriver(DriverRule):
         h = self.hyper
         star = self.shards[shard].update(partial, h.beta(cycle), h.gamma(cycle), h.delta)  # Eqs. 9, 8, 4, 5
         with self.lock:
+            self._gamma = h.gamma(cycle)
             self.joint[shard] = self.shards[shard].joint
         return star
 

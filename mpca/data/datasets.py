@@ -57,8 +57,10 @@ def arrow_table(x: np.ndarray, y: np.ndarray):
 
 
 def to_dataframe(spark, x: np.ndarray, y: np.ndarray, partitions: int = 4):
-    """A DataFrame with ``features: array<float>`` and ``label: bigint`` built through Arrow."""
-    return spark.createDataFrame(arrow_table(x, y)).repartition(partitions)
+    """A DataFrame with ``features: array<float>`` and ``label: bigint`` built through Arrow: a scan of
+    local data in at most ``partitions`` slices, no shuffle (an executor lost later holds nothing it needs)."""
+    df = spark.createDataFrame(arrow_table(x, y))
+    return df.coalesce(partitions) if df.rdd.getNumPartitions() > partitions else df
 
 
 def dataset_dataframe(spark, name: str, partitions: int = 4):

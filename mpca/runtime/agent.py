@@ -53,6 +53,7 @@ class AgentSpec:
     service: Optional[Tuple[str, int]] = None  # the driver's parameter service, for agent-initiated algorithms
     rendezvous: Dict[str, Any] = field(default_factory=dict)
     cpus: Optional[List[int]] = None  # pin the training thread to these CPUs
+    join_on_retry: bool = True  # a retried agent task waits for the driver's joint model (driver-run exchange)
 
 
 def load_state(model: torch.nn.Module, state: Dict[str, np.ndarray]) -> None:
@@ -77,9 +78,13 @@ class Agent:
     """A local replica, its training loop, and the algorithm's agent rule called around every step."""
 
     def __init__(self, spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
-                 gpu_addresses: Optional[List[str]] = None):
+                 gpu_addresses: Optional[List[str]] = None, attempt: int = 0):
         self.spec = spec
         self.id = agent_id
+        self.attempt = attempt
+        # a replacement (Spark retried the task: its executor was lost) must not start from the initial model
+        # nor contribute before it holds the joint model: it waits for the driver's "join" (§5.3)
+        self.joining = attempt > 0 and spec.join_on_retry
         self.gpu_addresses = list(gpu_addresses or [])
         self.device = choose_device(self.gpu_addresses)
         torch.manual_seed(spec.seed + 1000 * agent_id)
@@ -117,6 +122,9 @@ class Agent:
         self.rule: AgentRule = spec.rule_factory(ctx)
         self._anchor = [[v.detach().clone() for v in self.shards.views(s)] for s in range(spec.layout.num_shards)]
         self.resets = 0
+        self._delivered_cycle = [-1] * spec.layout.num_shards  # sequence numbers: older deliveries are ignored
+        self._unsettled: Dict[int, Tuple[int, dict]] = {}  # cycle -> (shard, extra) yielded, not yet confirmed
+        self.lost = 0
 
     # ------------------------------------------------------------------ training
     def _should_stop(self) -> bool:
@@ -130,6 +138,8 @@ class Agent:
         if self.spec.cpus:
             os.sched_setaffinity(0, self.spec.cpus)  # on Linux: this (training) thread only
         try:
+            while self.joining and not self._should_stop():  # a replacement: no steps before the joint model
+                time.sleep(0.02)
             while not self._should_stop():
                 if n == 0:  # an empty partition: nothing to learn from, contribute weight 0
                     time.sleep(0.05)
@@ -138,6 +148,8 @@ class Agent:
                     continue
                 order = torch.randperm(n, generator=gen).to(self.device)  # reshuffled every epoch
                 for lo in range(0, n, bs):
+                    while self.joining and not self._should_stop():  # told it replaces a lost process
+                        time.sleep(0.02)
                     if self._should_stop():
                         break
                     idx = order[lo:lo + bs]
@@ -212,7 +224,41 @@ class Agent:
     def report(self, **kw) -> AgentReport:
         return AgentReport(agent=self.id, executor=self.executor, pid=os.getpid(), device=str(self.device),
                            gpu=self.gpu_addresses, rows=int(self.features.shape[0]), steps=self.steps,
-                           samples=self.samples, error=self.error, resets=self.resets, **kw)
+                           samples=self.samples, error=self.error, resets=self.resets, attempt=self.attempt,
+                           joining=self.joining, lost=self.lost, **kw)
+
+    def _settle(self, cycle: Optional[int], counted: Optional[List[int]]) -> None:
+        """Contributions yielded before ``cycle`` that the driver did not count (``counted``: its recent
+        counted cycles for this agent) were lost on the way: their weight goes back to the rule."""
+        if cycle is None or counted is None:
+            return
+        done = set(counted)
+        for c in [c for c in self._unsettled if c < cycle]:
+            shard, extra = self._unsettled.pop(c)
+            if c not in done:
+                self.lost += 1
+                log.warning("agent %s: its contribution of cycle %d (shard %d) never reached the reduction; "
+                            "its weight carries over to the next one", self.id, c, shard)
+                self.rule.contribution_lost(shard, extra)
+
+    def _join(self, payload: bytearray, params: dict) -> None:
+        """Start from the driver's joint model (every shard), with a fresh optimizer and fresh counters."""
+        vec = torch.from_numpy(np.frombuffer(payload, dtype=_np_dtype(self.spec.layout.wire_dtype)))
+        sizes = [self.spec.layout.shard_numel(s) for s in range(self.spec.layout.num_shards)]
+        if vec.numel() != sum(sizes):
+            raise ValueError(f"join payload has {vec.numel()} values, the model {sum(sizes)}")
+        pieces = [self.shards.split(s, part) for s, part in enumerate(torch.split(vec, sizes))]
+        with self._served():
+            with torch.no_grad():
+                for s, p in enumerate(pieces):
+                    torch._foreach_copy_(self.shards.views(s), p)
+                    self.rule.receive(s, p, params)
+                    self._anchor[s] = p
+            self.optimizer = self.spec.optimizer_fn(self.model.parameters())
+            self.rule.ctx.optimizer = self.optimizer
+            self.rule.on_reset()
+            self.joining = False
+        log.info("agent %s (attempt %d) joined from the joint model", self.id, self.attempt)
 
     def handle(self, header: dict, payload: bytearray):
         op = header.get("op")
@@ -227,21 +273,41 @@ class Agent:
                 self.claimed_tokens.append(token)
             return {"ok": True, **self.report().to_dict()}, None
         params = header.get("params") or {}
+        cycle = header.get("cycle")
+        if op == "join":
+            if self.joining:
+                self._join(payload, params)
+            return {"ok": True}, None
         if op == "deliver":
-            s = int(header["shard"])
+            s = self._shard(header)
             vec = torch.from_numpy(np.frombuffer(payload, dtype=_np_dtype(self.spec.layout.wire_dtype)))
             pieces = self.shards.split(s, vec)  # conversion and host→device copy outside the lock
             with self._served():
+                if cycle is not None:
+                    if int(cycle) <= self._delivered_cycle[s]:  # a late hand-off of an older broadcast
+                        return {"ok": True, "stale": True}, None
+                    self._delivered_cycle[s] = int(cycle)
                 self.rule.receive(s, pieces, params)
                 self._anchor[s] = pieces  # the latest joint shard (fresh tensors, never written): where a reset goes
             return {"ok": True}, None
         if op == "yield":
-            s = int(header["shard"])
-            if not 0 <= s < self.spec.layout.num_shards:
-                raise ValueError(f"no shard {s}")
+            s = self._shard(header)
+            if header.get("rejoin") and not self.joining:  # the driver knew another process as this agent
+                with self._served():
+                    self.joining = True
+                log.warning("agent %s: a replacement (its first process was lost); waiting for the joint model",
+                            self.id)
+            if self.joining:  # nothing of its own to give yet
+                vec = torch.zeros(self.spec.layout.shard_numel(s), dtype=self.spec.layout.wire_dtype)
+                return self.report(weight=0.0).to_dict(), vec.numpy().tobytes()
             self.rule.yield_ready(s, params, float(header.get("timeout_s", 120.0)))
             with self._served():  # materialize the shard between two steps
+                self._settle(cycle, header.get("counted"))
                 vec, weight, extra = self.rule.contribution(s, params)
+                if cycle is not None:
+                    self._unsettled[int(cycle)] = (s, extra)
+                    while len(self._unsettled) > 64:  # the driver confirms within a cycle or two
+                        self._unsettled.pop(min(self._unsettled))
                 counters = self._counters()
             if not bool(torch.isfinite(vec).all()):  # never let NaN/Inf reach the joint model (checked unlocked)
                 with self._served():
@@ -254,6 +320,12 @@ class Agent:
             self.stop_requested = True
             return {"ok": True, **self.report().to_dict()}, None
         return {"error": f"unknown op {op!r}"}, None
+
+    def _shard(self, header: dict) -> int:
+        s = int(header["shard"])
+        if not 0 <= s < self.spec.layout.num_shards:
+            raise ValueError(f"no shard {s}")
+        return s
 
     def serve(self, srv) -> None:
         srv.settimeout(0.5)
@@ -297,7 +369,7 @@ def _np_dtype(dtype: torch.dtype):
 
 
 def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
-              gpu_addresses: Optional[List[str]] = None) -> dict:
+              gpu_addresses: Optional[List[str]] = None, attempt: int = 0) -> dict:
     """Run one agent in this Spark task until the driver says stop; return its summary.
 
     Takes an exclusive lock per (executor, device slot) so that a retried agent
@@ -315,7 +387,7 @@ def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: to
     sock_path = placement.agent_socket(spec.run_id, agent_id)
     srv = agent = None
     try:
-        agent = Agent(spec, agent_id, features, labels, gpu_addresses)
+        agent = Agent(spec, agent_id, features, labels, gpu_addresses, attempt)
         srv = listen(sock_path)
         server = threading.Thread(target=agent.serve, args=(srv,), daemon=True)
         server.start()
@@ -337,5 +409,9 @@ def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: to
                 os.unlink(p)
             except FileNotFoundError:
                 pass
+        try:
+            os.unlink(lock_path)  # still holding it: no other agent task of this executor owns this file
+        except FileNotFoundError:
+            pass
         fcntl.flock(lock_fd, fcntl.LOCK_UN)
         os.close(lock_fd)

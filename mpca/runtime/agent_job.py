@@ -1,6 +1,7 @@
 """The AgentRDD: one long-lived Spark task per agent, running in a background driver thread.
 
-The agents' job is ``train_df.repartition(K).mapInArrow(agent_task, profile=...)``:
+The agents' job is ``train_df.coalesce(K).mapInArrow(agent_task, profile=...)`` (``repartition(K)`` when the
+data has fewer than K partitions):
 each task receives its own partitions as Arrow record batches (never collected
 to the driver), turns them into tensors and runs :func:`mpca.runtime.agent.run_agent`
 until the driver stops it.  No barrier mode: it refuses dynamic allocation and
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import threading
 import traceback
 from typing import Iterator, List, Optional
@@ -37,11 +39,41 @@ def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.
     torch.set_num_threads(max(1, tc.cpus()))
     try:
         x, y = batches_to_tensors(batches, features, label, spec.input_shape)
-        summary = run_agent(spec, agent_id, x, y, gpus)
+        # a retry within the stage attempt is a replacement; one in a resubmitted stage (lost shuffle input)
+        # restarts at attempt 0, and the driver recognises it by its new process (see ExchangePlan.pids)
+        summary = run_agent(spec, agent_id, x, y, gpus, attempt=tc.attemptNumber())
     except Exception:  # reported, not raised: a user error must not be retried maxFailures times
         summary = {"agent": agent_id, "error": f"agent {agent_id} could not start:\n{traceback.format_exc()}"}
     summary["attempt"] = tc.attemptNumber()
     yield pa.RecordBatch.from_pydict({"summary": [json.dumps(summary, default=str)]})
+
+
+_PY_ERROR = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)(?::.*)?)$")
+
+
+def executor_cause(message: str) -> str:
+    """The last Python exception line of an executor traceback inside a Spark error message, with Spark's
+    own first line (which task failed how often) when there is no Python traceback."""
+    lines = message.splitlines()
+    causes = [m.group(1).strip() for line in lines if (m := _PY_ERROR.match(line))]
+    causes = [c for c in causes if not c.startswith(("org.apache", "py4j", "java."))]
+    if causes:
+        return f"on an executor: {causes[-1]}"
+    first = next((line.strip() for line in lines if line.strip()), "unknown error")
+    return first[:500]
+
+
+def balanced(train_df, agents: int):
+    """K partitions for K agents, without a shuffle where the data has at least K partitions.
+
+    A shuffle would make the agents' stage depend on map outputs kept by executors: losing one executor
+    then fails the fetch, and Spark resubmits the stage, relaunching every agent still running (two
+    processes per agent).  Coalesced, a lost agent task is simply retried on its own."""
+    if train_df.rdd.getNumPartitions() >= agents:
+        return train_df.coalesce(agents)
+    log.info("the training data has fewer partitions than agents: repartitioning (a shuffle; an executor lost "
+             "mid-run then restarts every agent) — give it at least %d partitions to avoid that", agents)
+    return train_df.repartition(agents)
 
 
 class AgentJob:
@@ -56,7 +88,7 @@ class AgentJob:
 
     def start(self, train_df, agents: int, spec: AgentSpec, features: str, label: str, profile) -> None:
         fn = functools.partial(agent_task, spec, features, label)
-        df = train_df.repartition(agents).mapInArrow(fn, SUMMARY_SCHEMA, profile=profile)
+        df = balanced(train_df, agents).mapInArrow(fn, SUMMARY_SCHEMA, profile=profile)
 
         def run():
             self.sc.setJobGroup(self.group, f"mpca agents ({agents})", interruptOnCancel=True)
@@ -67,6 +99,14 @@ class AgentJob:
 
         self._thread = threading.Thread(target=run, name="mpca-agents", daemon=True)
         self._thread.start()
+
+    def failure(self) -> str:
+        """Why the agents' job ended, in one line: the executor's own Python error where Spark carried it
+        (e.g. a model module the executors cannot import), else Spark's message, else the agents' summaries."""
+        if self.error is None:
+            errors = [s["error"].strip().splitlines()[-1] for s in self.summaries if s.get("error")]
+            return errors[0] if errors else "the agents' Spark job ended"
+        return executor_cause(str(self.error))
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

@@ -61,9 +61,9 @@ class Channel:
         self.max_payload = max_payload
 
     # -- authentication ---------------------------------------------------------------
-    def _handshake(self, secret: bytes, i_am: bytes, peer_is: bytes) -> None:
-        """Each side proves knowledge of the secret over the other side's fresh nonce."""
-        self.sock.settimeout(AUTH_TIMEOUT_S)
+    def _handshake(self, secret: bytes, i_am: bytes, peer_is: bytes, timeout: float = AUTH_TIMEOUT_S) -> None:
+        """Each side proves knowledge of the secret over the other side's fresh nonce (within ``timeout``)."""
+        self.sock.settimeout(min(timeout, AUTH_TIMEOUT_S))
         mine = os.urandom(NONCE_BYTES)
         self.sock.sendall(mine)
         theirs = bytes(_recv_exact(self.sock, NONCE_BYTES))
@@ -82,7 +82,7 @@ class Channel:
         except BaseException:
             sock.close()
             raise
-        return cls._authenticate_client(sock, secret, max_payload)
+        return cls._authenticate_client(sock, secret, max_payload, timeout)
 
     @classmethod
     def connect_tcp(cls, host: str, port: int, secret: bytes, timeout: float = 10.0,
@@ -94,14 +94,15 @@ class Channel:
         except BaseException:
             sock.close()
             raise
-        return cls._authenticate_client(sock, secret, max_payload)
+        return cls._authenticate_client(sock, secret, max_payload, timeout)
 
     @classmethod
-    def _authenticate_client(cls, sock: socket.socket, secret: bytes, max_payload: int) -> "Channel":
+    def _authenticate_client(cls, sock: socket.socket, secret: bytes, max_payload: int,
+                             timeout: float = AUTH_TIMEOUT_S) -> "Channel":
         """Run the client side of the handshake on a connected socket; close it on failure."""
         try:
             ch = cls(sock, max_payload)
-            ch._handshake(secret, b"client", b"server")
+            ch._handshake(secret, b"client", b"server", timeout)
         except BaseException:
             sock.close()
             raise

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from mpca.runtime.reports import AgentReport
 
 
 EXCHANGE_NICENESS = 10
+ABSENT_CLAIM_S = 0.5  # handshake wait for an agent the driver counts as absent: a live agent answers in ms
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,22 @@ class ExchangePlan:
     run_id: str
     secret: bytes
     token: str  # claim token: one agent answers one task per token
-    op: str  # "reduce" | "deliver" | "cycle" (both in one task) | "hello" | "stop"
+    op: str  # "reduce" | "deliver" | "cycle" (both in one task) | "join" | "hello" | "stop"
+    cycle: Optional[int] = None  # sequence number: an agent ignores deliveries older than what it holds
     reduce_shard: Optional[int] = None
     bcast_shard: Optional[int] = None
     params: Optional[Dict[str, Any]] = None  # the algorithm's cycle parameters (JSON), sent with deliver and yield
     wire_dtype: str = "float32"
     timeout_s: float = 120.0
     wait_for_agent_s: float = 0.0  # how long to wait for an agent socket to appear (agents still starting)
+    claim_timeout_s: float = 10.0  # how long a silent agent may keep a task waiting (the cycle's bounded wait)
+    only_agents: Optional[Tuple[int, ...]] = None  # claim only these agents (None: any of the run)
+    absent: Tuple[int, ...] = ()  # agents the driver counts as hung or lost: tried last, with a short wait
+    counted: Optional[Dict[int, Tuple[int, ...]]] = None  # per agent, recent cycles whose contribution counted
+    pids: Optional[Dict[int, int]] = None  # each agent's process as the driver knows it: another one is a replacement
+
+    def wants(self, agent: Optional[int]) -> bool:
+        return agent is not None and (self.only_agents is None or agent in self.only_agents)
 
 
 def empty_record() -> Dict[str, Any]:
@@ -77,16 +87,23 @@ def merge_records(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _claim(plan: ExchangePlan):
-    """Connect to an agent of this executor that has not answered ``plan.token`` yet."""
+    """Connect to an agent of this executor that has not answered ``plan.token`` yet.  A silent agent (hung,
+    e.g. SIGSTOP) holds the task at most ``claim_timeout_s`` (absent ones ``ABSENT_CLAIM_S``)."""
     deadline = time.time() + plan.wait_for_agent_s
     while True:
-        sockets = placement.agent_sockets_here(plan.run_id)
+        sockets = [p for p in placement.agent_sockets_here(plan.run_id) if plan.wants(placement.agent_of_socket(p))]
+        sockets.sort(key=lambda p: placement.agent_of_socket(p) in plan.absent)
         for path in sockets:
+            wait = ABSENT_CLAIM_S if placement.agent_of_socket(path) in plan.absent else plan.claim_timeout_s
             try:
-                ch = Channel.connect(path, plan.secret, timeout=plan.timeout_s)
+                ch = Channel.connect(path, plan.secret, timeout=wait)
             except (OSError, ChannelError):
                 continue
-            header, _ = ch.request({"op": "claim", "token": plan.token}, timeout=plan.timeout_s)
+            try:
+                header, _ = ch.request({"op": "claim", "token": plan.token}, timeout=wait)
+            except (OSError, ChannelError):
+                ch.close()
+                continue
             if header.get("ok"):
                 return ch, header, path
             ch.close()
@@ -96,10 +113,11 @@ def _claim(plan: ExchangePlan):
 
 
 def _deliver(plan: ExchangePlan, ch: Channel, bcast, entry: AgentReport) -> None:
-    """Hand the broadcast shard to the claimed agent (the Future)."""
+    """Hand the broadcast shard to the claimed agent (the Future); ``join``: every shard, to a replacement."""
     vec = np.frombuffer(bcast.value, dtype=plan.wire_dtype)
     entry.t_bc_loaded = time.time()
-    header, _ = ch.request({"op": "deliver", "shard": plan.bcast_shard, "params": plan.params or {}},
+    op = "join" if plan.op == "join" else "deliver"
+    header, _ = ch.request({"op": op, "shard": plan.bcast_shard, "cycle": plan.cycle, "params": plan.params or {}},
                            memoryview(vec), timeout=plan.timeout_s)
     if not header.get("ok"):
         entry.error = f"deliver refused: {header}"
@@ -108,7 +126,11 @@ def _deliver(plan: ExchangePlan, ch: Channel, bcast, entry: AgentReport) -> None
 
 def _yield(plan: ExchangePlan, ch: Channel, entry: AgentReport, rec: Dict[str, Any]) -> None:
     """Ask the claimed agent for its shard and weight (the YieldContext)."""
+    counted = (plan.counted or {}).get(entry.agent)
+    known = (plan.pids or {}).get(entry.agent)
     header, payload = ch.request({"op": "yield", "shard": plan.reduce_shard, "params": plan.params or {},
+                                  "cycle": plan.cycle, "counted": None if counted is None else list(counted),
+                                  "rejoin": known is not None and known != entry.pid,
                                   "timeout_s": plan.timeout_s}, timeout=plan.timeout_s + 10)
     entry.t_yield = time.time()
     if "agent" not in header:  # the agent answered with an error instead of its shard
@@ -161,7 +183,7 @@ def _exchange(plan: ExchangePlan, bcast, t_start: float) -> Dict[str, Any]:
     entry = AgentReport.from_dict(info)
     entry.t_start = t_start
     try:
-        if plan.op == "deliver":
+        if plan.op in ("deliver", "join"):
             _deliver(plan, ch, bcast, entry)
         elif plan.op == "reduce":
             _yield(plan, ch, entry, rec)
@@ -175,9 +197,9 @@ def _exchange(plan: ExchangePlan, bcast, t_start: float) -> Dict[str, Any]:
         ch.close()
     entry.t_end = time.time()
     entry.exchange_cpu_s = time.thread_time() - cpu0  # this task's Python CPU (not the JVM's download)
-    if plan.op in ("deliver", "cycle") and bcast is not None:
+    if plan.op in ("deliver", "cycle", "join") and bcast is not None:
         rec["delivered"][entry.agent] = entry
-    if plan.op != "deliver":
+    if plan.op not in ("deliver", "join"):
         rec["agents"][entry.agent] = entry
     return rec
 

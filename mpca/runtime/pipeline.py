@@ -14,11 +14,13 @@ parameter service instead; their cycles run no Spark job and only observe.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import logging
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
@@ -57,7 +59,8 @@ class ExchangePipeline:
     def __init__(self, sc, run_id: str, secret: bytes, rule: DriverRule, agents: Sequence[int],
                  wire_dtype: torch.dtype, timeline: Optional[Timeline] = None, task_timeout_s: float = 120.0,
                  executors: int = 1, observe: Optional[Callable[[float], Dict[int, AgentReport]]] = None,
-                 split_tasks: bool = False):
+                 split_tasks: bool = False, agent_wait_s: Optional[float] = None, min_agents: int = 1,
+                 agent_lost_timeout_s: float = 120.0):
         self.sc = sc
         self.run_id = run_id
         self.secret = secret
@@ -80,6 +83,16 @@ class ExchangePipeline:
         self.jobs = {"cycle": 0, "correction": 0, "control": 0}  # Spark jobs submitted, by purpose
         self.broadcasts = {"created": 0, "destroyed": 0}
         self.job_group = f"mpca-{run_id}-exchange"
+        # agents that stopped answering (hung, or their executor lost): since when; left out of corrections
+        self.absent: Dict[int, float] = {}
+        self.joining: set = set()  # replacements (Spark retried their task) waiting for the joint model
+        self.agent_wait_s = agent_wait_s
+        self.min_agents = min_agents
+        self.agent_lost_timeout_s = agent_lost_timeout_s
+        self._short_since: Optional[float] = None  # since when fewer than min_agents answer
+        self._durations = collections.deque(maxlen=20)
+        self._counted: Dict[int, collections.deque] = {a: collections.deque(maxlen=64) for a in self.agents}
+        self.pids: Dict[int, int] = {}  # the process of each agent; another process answering is a replacement
 
     # ------------------------------------------------------------------ jobs
     def spread(self, agents: int, attempt: int = 1) -> int:
@@ -87,9 +100,18 @@ class ExchangePipeline:
         over-provisioned (2 per executor and agent) so that some task lands on every executor."""
         return agents if attempt == 0 else 2 * agents * self.executors
 
+    def wait_s(self) -> float:
+        """The bounded wait for a silent agent: configured, or 5 x the median recent cycle within 2-10 s."""
+        if self.agent_wait_s is not None:
+            return self.agent_wait_s
+        if not self._durations:
+            return 10.0
+        return min(10.0, max(2.0, 5 * statistics.median(self._durations)))
+
     def _plan(self, token: str, op: str, **kw) -> ExchangePlan:
+        kw.setdefault("claim_timeout_s", self.wait_s())
         return ExchangePlan(self.run_id, self.secret, token, op, wire_dtype=self.wire.name,
-                            timeout_s=self.task_timeout_s, **kw)
+                            timeout_s=self.task_timeout_s, absent=tuple(sorted(self.absent)), **kw)
 
     def run_job(self, plan: ExchangePlan, tasks: int, bc, description: str, purpose: str = "control") -> dict:
         return self.run_parts([(plan, tasks, bc)], description, purpose)
@@ -109,38 +131,92 @@ class ExchangePipeline:
     def _job_with_corrections(self, reduce: ExchangePlan, deliver: Optional[ExchangePlan], bc, description: str,
                               rec: CycleRecord) -> dict:
         """Run the cycle's job (reduce and deliver tasks; deliver first where the rule needs it); if tasks
-        landed where no unclaimed agent was, run corrective jobs for the agents still missing either."""
+        landed where no unclaimed agent was, run corrective jobs for the agents still missing either — within
+        the bounded wait, and never for agents already counted absent (hung or lost)."""
         K = len(self.agents)
-        parts = [(deliver, K, bc), (reduce, K, None)] if deliver else [(reduce, K, bc)]
+        first = K + len(self.absent) * self.executors  # extra tasks find absent agents that came back elsewhere
+        parts = [(deliver, first, bc), (reduce, first, None)] if deliver else [(reduce, first, bc)]
         if deliver and not self.rule.deliver_before_yield:
             parts.reverse()  # reduce tasks first: they need no download and yield at once
+        t0 = time.time()
         result = self.run_parts(parts, description, "cycle")
         rec.misplaced += len(result["misplaced"])
         for attempt in range(MAX_CORRECTIONS):
-            to_reduce = [a for a in self.agents if a not in result["agents"]]
-            to_deliver = [a for a in self.agents if deliver and a not in result["delivered"]]
-            if not to_reduce and not to_deliver:
+            to_reduce = [a for a in self.agents if a not in result["agents"] and a not in self.absent]
+            to_deliver = [a for a in self.agents if deliver and a not in result["delivered"] and a not in self.absent]
+            if not to_reduce and not to_deliver or time.time() - t0 > self.wait_s():
                 break
             rec.corrections += 1
             log.info("cycle %s: %d task(s) misplaced, correcting for agents %s (reduce) %s (deliver)", reduce.token,
                      len(result["misplaced"]), to_reduce, to_deliver)
-            parts = ([(deliver, self.spread(len(to_deliver)), bc)] if to_deliver else []) + \
-                    ([(reduce, self.spread(len(to_reduce)), None if deliver else bc)] if to_reduce else [])
+            only = tuple(sorted(set(to_reduce) | set(to_deliver)))
+            parts = ([(replace(deliver, only_agents=only), self.spread(len(to_deliver)), bc)] if to_deliver else []) + \
+                    ([(replace(reduce, only_agents=only), self.spread(len(to_reduce)), None if deliver else bc)]
+                     if to_reduce else [])
             more = self.run_parts(parts, f"{description} (correction {attempt + 1})", "correction")
             rec.misplaced += len(more["misplaced"])
             result = merge_records({**result, "misplaced": []}, more)
         if result["duplicates"]:
-            raise RunFailedError(f"agents {sorted(set(result['duplicates']))} answered twice in cycle {reduce.token}")
-        rec.missing = [a for a in self.agents if a not in result["agents"]]
-        if rec.missing:
-            log.warning("cycle %s: agents %s did not contribute after %d corrections; their steps carry over "
-                        "to their next contribution (their rule's weight keeps growing)", reduce.token, rec.missing,
-                        MAX_CORRECTIONS)
+            raise RunFailedError(f"agents {sorted(set(result['duplicates']))} answered twice in cycle {reduce.token}: "
+                                 "two processes run as one agent (Spark resubmitted the agents' stage after "
+                                 "losing shuffle data it depends on; give the training data at least as many "
+                                 "partitions as agents, from files or a table, so none is needed)")
         errors = {a: e.error for part in ("agents", "delivered") for a, e in result[part].items() if e.error}
         if errors:
             a, msg = sorted(errors.items())[0]
             raise RunFailedError(f"agent {a} failed: {msg}")
+        self._track_agents(rec, result)
         return result
+
+    def _track_agents(self, rec: CycleRecord, result: dict) -> None:
+        """Who answered: absent agents and replacements, counted contributions, and the min_agents rule."""
+        now = time.time()
+        answered = result["agents"]
+        rec.missing = [a for a in self.agents if a not in answered or answered[a].joining]
+        for a in self.agents:
+            if a in answered:
+                if a in self.absent:
+                    log.warning("agent %s answers again after %.1fs%s", a, now - self.absent.pop(a),
+                                " (a replacement: it joins from the joint model)" if answered[a].joining else "")
+                if answered[a].joining:
+                    self.joining.add(a)
+                elif answered[a].t_yield:
+                    self._counted[a].append(rec.cycle)  # its contribution reached the reduction
+            elif a not in self.absent:
+                self.absent[a] = now
+                log.warning("agent %s did not answer in cycle %d within %.1fs (hung, or its executor lost); the "
+                            "cycles go on without it and its weight carries over", a, rec.cycle, self.wait_s())
+        present = len(self.agents) - len(self.absent)
+        if present >= self.min_agents:
+            self._short_since = None
+            return
+        self._short_since = self._short_since or now
+        if now - self._short_since > self.agent_lost_timeout_s:
+            raise RunFailedError(
+                f"only {present} of {len(self.agents)} agents answered for {now - self._short_since:.0f}s "
+                f"(absent: {sorted(self.absent)}); training.min_agents={self.min_agents}: check the executors' "
+                f"logs, or lower training.min_agents to go on with fewer")
+
+    def join(self, rec: CycleRecord) -> None:
+        """Hand every replacement agent the joint model (the driver rule's join vectors, all shards) in a
+        control job; it starts training from there and contributes from its next yield on."""
+        if not self.joining:
+            return
+        vec = torch.cat([v.reshape(-1) for v in self.rule.join_vectors()])
+        bc = self.sc.broadcast(np.ascontiguousarray(vec.numpy(), dtype=self.wire).tobytes())
+        self.broadcasts["created"] += 1
+        try:
+            only = tuple(sorted(self.joining))
+            plan = self._plan(f"join{rec.cycle}", "join", cycle=rec.cycle, only_agents=only,
+                              params=self.rule.cycle_params(rec.cycle))
+            res = self.run_job(plan, self.spread(len(only)), bc, f"mpca: agents {list(only)} join the joint model")
+        finally:
+            self._destroy(bc)
+        rec.joined = sorted(a for a in res["delivered"] if a in self.joining)
+        self.joining -= set(rec.joined)
+        self.pids.update({a: res["delivered"][a].pid for a in rec.joined})
+        if rec.joined:
+            log.info("agents %s started from the joint model of cycle %d", rec.joined, rec.cycle)
 
     # ------------------------------------------------------------------ phases
     def _stage(self, cycle: int, shard: int, result: dict, rec: CycleRecord) -> None:
@@ -179,12 +255,15 @@ class ExchangePipeline:
             return self._observe(c)
         staged = self._staged.pop(c, None)
         params = self.rule.cycle_params(c)
+        counted = {a: tuple(d) for a, d in self._counted.items()}
         if self.split_tasks:
-            reduce = self._plan(f"c{c}/r", "reduce", reduce_shard=r, params=params)
-            deliver = self._plan(f"c{c}/b", "deliver", bcast_shard=staged.shard, params=params) if staged else None
+            reduce = self._plan(f"c{c}/r", "reduce", cycle=c, reduce_shard=r, params=params, counted=counted,
+                                pids=dict(self.pids))
+            deliver = self._plan(f"c{c}/b", "deliver", cycle=c, bcast_shard=staged.shard,
+                                 params=params) if staged else None
         else:
-            reduce = self._plan(f"c{c}", "cycle", reduce_shard=r, bcast_shard=staged.shard if staged else None,
-                                params=params)
+            reduce = self._plan(f"c{c}", "cycle", cycle=c, reduce_shard=r, bcast_shard=staged.shard if staged else None,
+                                params=params, counted=counted, pids=dict(self.pids))
             deliver = None
         desc = f"mpca cycle {c}: reduce shard {r}" + (f", broadcast shard {staged.shard}" if staged else "")
         rec = CycleRecord(c, r, staged.shard if staged else None, t_submit=time.time())
@@ -194,6 +273,7 @@ class ExchangePipeline:
             self._pending = None
         result = fut.result()
         rec.t_end = time.time()
+        self._durations.append(rec.t_end - rec.t_submit)
         if staged is not None:
             self._destroy(staged.bc)
         rec.agents = dict(result["agents"])
@@ -210,6 +290,7 @@ class ExchangePipeline:
             self._stage(c, r, result, rec)
         else:
             self._pending = (c, r, result)
+        self.join(rec)
         self.timeline.add(rec)
         return rec
 
@@ -248,7 +329,8 @@ class ExchangePipeline:
         self.broadcasts["destroyed"] += 1
 
     # ------------------------------------------------------------------ control
-    def hello(self, expected: int, timeout_s: float, agent_job_alive: Callable[[], bool]) -> Dict[int, dict]:
+    def hello(self, expected: int, timeout_s: float, agent_job_alive: Callable[[], bool],
+              why_ended: Callable[[], str] = lambda: "see the executors' logs") -> Dict[int, dict]:
         """Wait until ``expected`` distinct agents answer (they may still be loading their data)."""
         seen: Dict[int, dict] = {}
         deadline = time.time() + timeout_s
@@ -258,13 +340,14 @@ class ExchangePipeline:
                 raise RunFailedError(f"only {len(seen)} of {expected} agents came up within {timeout_s:.0f}s "
                                      f"(agents seen: {sorted(seen)}); check executor logs")
             if not agent_job_alive():
-                raise RunFailedError("the agent job ended before all agents came up (see the error above)")
+                raise RunFailedError(f"the agents' Spark job ended before all agents came up: {why_ended()}")
             plan = self._plan(f"hello{attempt}", "hello", wait_for_agent_s=10.0)
             res = self.run_job(plan, self.spread(expected, attempt), None, f"mpca: waiting for agents (attempt {attempt})")
             for a, e in res["agents"].items():
                 if e.error:
                     raise RunFailedError(f"agent {a} failed: {e.error}")
                 seen[a] = e
+                self.pids[a] = e.pid
             attempt += 1
         self.agents = sorted(seen)
         return seen

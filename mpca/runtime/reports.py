@@ -29,6 +29,9 @@ class AgentReport:
     alive_s: Optional[float] = None  # time since it started training
     weight: Optional[float] = None
     resets: int = 0  # numerical faults (NaN/Inf) after which the agent went back to the joint model
+    attempt: int = 0  # Spark's attempt number of the agent's task (> 0: a replacement)
+    joining: bool = False  # a replacement waiting for the joint model: contributes nothing yet
+    lost: int = 0  # contributions it yielded that never reached the reduction (their weight carried over)
     extra: Dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
     exchange_cpu_s: Optional[float] = None  # CPU seconds of the exchange task's Python thread

@@ -63,14 +63,16 @@ class AgentRun:
                               seed=settings.seed, max_payload=max_payload,
                               service=self.service.address if self.service else None,
                               rendezvous=self.rule.rendezvous(host, settings.cluster.service_port),
-                              cpus=training.agent_cpus)
+                              cpus=training.agent_cpus, join_on_retry=algo.exchange == "cycle")
         self.profile = cluster.agent_resource_profile(use_gpus, pinned=self.shape.agent_slots_per_executor > 0)
         self.job = AgentJob(self.sc, self.run_id)
         self.timeline = Timeline()
         self.pipeline = ExchangePipeline(self.sc, self.run_id, secret, self.rule, range(self.agents),
                                          self.layout.wire_dtype, self.timeline, executors=self.shape.executors,
                                          observe=self.service.observe if self.service else None,
-                                         split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2)
+                                         split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2,
+                                         agent_wait_s=settings.cluster.agent_wait_s, min_agents=training.min_agents,
+                                         agent_lost_timeout_s=settings.cluster.agent_lost_timeout_s)
         self.pipeline.restore_pending(pending)
         self._train_df = train_df
         self.stopped: Dict[int, AgentReport] = {}
@@ -82,7 +84,7 @@ class AgentRun:
         self.job.start(self._train_df, self.agents, self.spec, data.features, data.label, self.profile)
         try:
             self.agent_info = self.pipeline.hello(self.agents, self.settings.cluster.agent_start_timeout_s,
-                                                  self.job.alive)
+                                                  self.job.alive, self.job.failure)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -92,7 +94,7 @@ class AgentRun:
 
     def cycle(self, c: int):
         if not self.job.alive():
-            raise RunFailedError(f"the agent job ended unexpectedly: {self.job.error or self.job.summaries}")
+            raise RunFailedError(f"the agents' Spark job ended unexpectedly: {self.job.failure()}")
         return self.pipeline.cycle(c)
 
     def agent_status(self) -> Dict[int, AgentReport]:

@@ -40,7 +40,8 @@ class CycleRecord:
     rejected: bool = False  # its reduction held NaN/Inf and was not applied
     corrections: int = 0
     misplaced: int = 0
-    missing: List[int] = field(default_factory=list)
+    missing: List[int] = field(default_factory=list)  # agents that did not contribute (hung, lost, joining)
+    joined: List[int] = field(default_factory=list)  # replacement agents handed the joint model after it
     agents: Dict[int, AgentReport] = field(default_factory=dict)  # reduce tasks' reports (contributions)
     delivered: Dict[int, AgentReport] = field(default_factory=dict)  # deliver tasks' reports (broadcast hand-offs)
 
@@ -93,7 +94,7 @@ class Timeline:
                 "stage_shard": c.stage_shard, "t_submit": c.t_submit, "t_end": c.t_end,
                 "stage_start": c.stage_start, "stage_end": c.stage_end, "bcast_end": c.bcast_end,
                 "reduce_start": c.reduce_start, "overlap": c.broadcast_overlaps_reduce(),
-                "rejected": c.rejected, "resets": sum(e.resets for e in c.agents.values()), "bytes_up": c.bytes_up, "bytes_down": c.bytes_down, "corrections": c.corrections, "misplaced": c.misplaced, "missing": list(c.missing),
+                "rejected": c.rejected, "resets": sum(e.resets for e in c.agents.values()), "bytes_up": c.bytes_up, "bytes_down": c.bytes_down, "corrections": c.corrections, "misplaced": c.misplaced, "missing": list(c.missing), "joined": list(c.joined),
                 "weight": weights, "steps_per_s": rates,
             })
         return out

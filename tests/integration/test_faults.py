@@ -1,5 +1,6 @@
 """Numerical faults: an agent whose loss and parameters turn NaN never poisons the joint model."""
 import math
+import os
 
 import pytest
 import torch
@@ -34,3 +35,58 @@ def test_batchnorm_statistics_are_meaningful_when_agents_keep_theirs(spark):
     assert bn.running_mean.abs().sum() > 1.0 and not torch.allclose(bn.running_var, torch.ones_like(bn.running_var))
     assert fit.final.error < 0.15, fit.history["holdout_error"].tolist()
     assert fit.history["holdout_error"].iloc[-2] < 0.2  # the background evaluations too
+
+
+def _arm(fault):
+    if os.path.exists(helpers.fault_marker(fault)):
+        os.unlink(helpers.fault_marker(fault))
+
+
+def _cycle_seconds(fit):
+    return [c.t_end - c.t_submit for c in fit.timeline.cycles]
+
+
+def test_a_hung_agent_is_left_out_after_a_bounded_wait_and_rejoins(spark, caplog):
+    """SIGSTOP of agent 1's process for 8 s: the cycles go on without it after agent_wait_s, a warning names
+    it, and after SIGCONT it contributes again."""
+    caplog.set_level("WARNING", logger="mpca.pipeline")
+    _arm("hang")
+    fit = Trainer(helpers.hanging_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+                  agent_wait_s=2.0, max_seconds=30, eval_every_cycles=10, spark=spark).fit(dataset_dataframe(spark, "digits"))
+    without = [c for c in fit.timeline.cycles if 1 in c.missing]
+    assert len(without) >= 3, [c.missing for c in fit.timeline.cycles]  # training went on without it
+    assert max(_cycle_seconds(fit)) < 6.0, max(_cycle_seconds(fit))  # bounded: about agent_wait_s, not the hang
+    assert "agent 1 did not answer" in caplog.text and "agent 1 answers again" in caplog.text
+    assert all(c.agents[1].weight > 0 for c in fit.timeline.cycles[-3:])  # back in the reduction
+    assert sum(c.corrections for c in without) <= 3  # no storm of corrective jobs
+    print(f"hung agent: {len(without)} cycles without it, longest cycle {max(_cycle_seconds(fit)):.2f}s, "
+          f"final error {fit.final.error:.3f}")
+    assert fit.final.error < 0.15
+
+
+def test_a_lost_executor_costs_at_most_two_slow_cycles_and_its_agent_rejoins_from_the_joint_model(spark, caplog):
+    """kill -9 of agent 1's executor JVM: the survivor trains on, Spark's retried agent task starts on the
+    replacement executor, waits for the joint model, joins, and contributes again."""
+    caplog.set_level("INFO", logger="mpca.pipeline")
+    _arm("kill-executor")
+    fit = Trainer(helpers.executor_killing_cnn, helpers.cross_entropy, helpers.adam, agents=2,
+                  input_shape=(1, 8, 8), max_seconds=75, eval_every_cycles=10, spark=spark).fit(
+        dataset_dataframe(spark, "digits"))
+    cycles = fit.timeline.cycles
+    lost = [i for i, c in enumerate(cycles) if 1 in c.missing]
+    assert lost, "agent 1 was never missing: the fault did not fire"
+    joined = [i for i, c in enumerate(cycles) if 1 in c.joined]
+    assert joined and joined[0] >= lost[0], [(c.cycle, c.missing, c.joined) for c in cycles]
+    seconds = _cycle_seconds(fit)
+    typical = sorted(seconds)[len(seconds) // 2]
+    slow = [s for s in seconds[lost[0]:joined[0] + 1] if s > max(1.0, 4 * typical)]
+    assert len(slow) <= 2, (slow, typical)  # at most 2 slow cycles, no storm of corrective jobs
+    assert len(lost) >= 3  # the survivor kept training while the replacement came up
+    after = cycles[joined[0] + 1:]
+    assert after and any(c.agents[1].weight > 0 for c in after[-3:])
+    print(f"executor lost: {len(lost)} cycles without agent 1, replacement joined "
+          f"{cycles[joined[0]].t_end - cycles[lost[0]].t_submit:.1f}s after the loss; slow cycles {slow}, "
+          f"median cycle {typical:.2f}s; final error {fit.final.error:.3f}")
+    replacement = next(r for r in fit.agents if r["agent"] == 1)
+    assert replacement["attempt"] >= 1 and not replacement["joining"]
+    assert fit.final.error < 0.1

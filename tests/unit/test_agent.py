@@ -137,3 +137,79 @@ def test_agent_channel_refuses_out_of_range_shards_and_oversized_payloads_and_ke
     finally:
         a.stop_requested = True
         srv.close()
+
+
+def _xy():
+    return torch.ones(2, 3), torch.zeros(2, dtype=torch.long)
+
+
+def test_pull_comes_before_the_gradient_step_with_a_real_learning_rate():
+    """Eq. 7 then the gradient at the pulled point: x1 = x0 - α(x0 - x*); x2 = x1 - lr ∇f(x1).  With
+    f = Σ out², ∇ depends on x, so pulling after the step instead gives a different x2."""
+    m = _model()
+    spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: (out ** 2).sum(),
+                     optimizer_fn=lambda p: torch.optim.SGD(p, lr=0.1), layout=ShardLayout.from_module(m, 1),
+                     init_state=model_state(m), rule_factory=MPCAAgent, batch_size=2, input_shape=(3,))
+    a = Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+    x0 = [p.detach().clone() for p in a.model.parameters()]
+    target = torch.zeros(a.spec.layout.shard_numel(0))
+    a.handle({"op": "deliver", "shard": 0, "params": {"alpha": 0.5}}, bytearray(target.numpy().tobytes()))
+    x, y = _xy()
+    a.step(x, y)
+    w1, b1 = (0.5 * t for t in x0)  # pulled halfway toward 0
+    with torch.enable_grad():
+        w, b = w1.clone().requires_grad_(), b1.clone().requires_grad_()
+        ((x @ w.T + b) ** 2).sum().backward()
+    expected = [w1 - 0.1 * w.grad, b1 - 0.1 * b.grad]
+    for got, want in zip(a.model.parameters(), expected):
+        assert torch.allclose(got, want, atol=1e-6), (got, want)
+
+
+def _stepped(a, n):
+    x, y = _xy()
+    for _ in range(n):
+        a.step(x, y)
+
+
+def test_a_contribution_the_driver_did_not_count_carries_its_weight_over():
+    a = _agent()
+    _stepped(a, 3)
+    assert a.handle({"op": "yield", "shard": 0, "cycle": 1, "counted": []}, b"")[0]["weight"] == 3
+    _stepped(a, 2)
+    # cycle 1's contribution was lost on the way (not in the driver's counted cycles): 3 + 2 steps now
+    header, _ = a.handle({"op": "yield", "shard": 0, "cycle": 2, "counted": []}, b"")
+    assert header["weight"] == 5 and header["lost"] == 1
+    _stepped(a, 1)
+    header, _ = a.handle({"op": "yield", "shard": 0, "cycle": 3, "counted": [2]}, b"")
+    assert header["weight"] == 1 and header["lost"] == 1  # cycle 2 was counted: nothing carried over
+
+
+def test_an_older_delivery_is_ignored():
+    a = _agent()
+    n = a.spec.layout.shard_numel(0)
+    new, old = torch.full((n,), 2.0), torch.full((n,), -7.0)
+    assert a.handle({"op": "deliver", "shard": 0, "cycle": 5, "params": {"alpha": 1.0}},
+                    bytearray(new.numpy().tobytes()))[0] == {"ok": True}
+    late = a.handle({"op": "deliver", "shard": 0, "cycle": 4, "params": {"alpha": 1.0}},
+                    bytearray(old.numpy().tobytes()))[0]
+    assert late.get("stale")
+    _stepped(a, 1)  # α = 1 pulls shard 0 onto its target; the frozen optimizer leaves it there
+    assert torch.allclose(a.shards.read(0), new)
+
+
+def test_a_replacement_contributes_nothing_until_it_starts_from_the_joint_model():
+    m = _model()
+    spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
+                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), init_state=model_state(m),
+                     rule_factory=MPCAAgent, batch_size=2, input_shape=(3,))
+    a = Agent(spec, 1, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long), attempt=1)
+    assert a.joining
+    header, payload = a.handle({"op": "yield", "shard": 0, "cycle": 9}, b"")
+    assert header["weight"] == 0 and header["joining"] and not np.frombuffer(payload, np.float32).any()
+    joint = torch.arange(spec.layout.total_numel, dtype=torch.float32)
+    a.handle({"op": "join", "cycle": 9, "params": {"alpha": 0.1}}, bytearray(joint.numpy().tobytes()))
+    assert not a.joining
+    got = torch.cat([a.shards.read(s) for s in range(2)])
+    assert torch.equal(got, joint)  # every shard is the driver's joint model
+    _stepped(a, 2)
+    assert a.handle({"op": "yield", "shard": 1, "cycle": 10}, b"")[0]["weight"] == 2  # fresh τ, counted from the join

@@ -1,4 +1,5 @@
 """Configuration mistakes: one clear line naming the key, exit code 2, no traceback."""
+import os
 import subprocess
 import sys
 
@@ -30,15 +31,6 @@ MISTAKES = [
     (["nonsense"], "is not key=value"),
     (["algorithm.shards=0"], "'algorithm.shards'"),
 ]
-
-
-@pytest.mark.parametrize("overrides,expected", MISTAKES)
-def test_config_mistake_gives_one_line_and_exit_2(overrides, expected, capsys):
-    code = main(["train", "--config", "conf/digits.yaml", *overrides])
-    err = capsys.readouterr().err.strip()
-    assert code == 2
-    assert len(err.splitlines()) == 1 and err.startswith("mpca: error:"), err
-    assert expected in err, err
 
 
 def test_missing_and_broken_config_files(tmp_path, capsys):
@@ -108,31 +100,73 @@ def test_shipped_configs_validate(path):
     assert params > (1_000_000 if "mnist" in path else 10_000)
 
 
+def _parquet(tmp, name, **columns):
+    """A small Parquet data set in ``tmp/name`` (digits rows unless columns are replaced)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mpca.data.datasets import arrow_table, load
+
+    x, y = load("digits")
+    table = arrow_table(x[:64], y[:64])
+    for col, values in columns.items():
+        table = table.drop_columns([col]) if values is None else table.set_column(
+            table.schema.get_field_index(col), col, pa.array(values)) if col in table.column_names else \
+            table.append_column(col, pa.array(values))
+    os.makedirs(tmp / name, exist_ok=True)
+    pq.write_table(table.slice(0, 0) if name == "empty" else table, str(tmp / name / "part-0.parquet"))
+    return f"data.path={tmp / name}"
+
+
+def _on_data(tmp, name, **columns):
+    return ["train", "-c", "conf/digits.yaml", "data.dataset=null", _parquet(tmp, name, **columns)]
+
+
 def _bad_inputs(tmp):
+    """Every mistake a user can make before training starts: (argv, text the one line must hold)."""
     latin1 = tmp / "latin1.yaml"
     latin1.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
-    return [
+    train = ["train", "-c", "conf/digits.yaml"]
+    return [(train + over, expected) for over, expected in MISTAKES] + [
         (["train", "-c", "conf/"], "is a directory"),
         (["train", "-c", str(latin1)], "not UTF-8"),
         (["train"], "give a job config"),
-        (["train", "-c", "conf/digits.yaml", "data.dataset=null", f"data.path={tmp}/missing.parquet"],
-         "data.path"),
-        (["train", "-c", "conf/digits.yaml", f"checkpoint.init_from={tmp}/nope.pt"], "checkpoint.init_from"),
-        (["train", "-c", "conf/digits.yaml", "checkpoint.dir=nosuch://bucket/ck"], "not reachable"),
-        (["train", "-c", "conf/digits.yaml", "run.output_dir=hdfs://nn/x"], "local directory"),
-        (["train", "-c", "conf/digits.yaml", "algorithm.name=single"], "trains one agent"),
-        (["train", "-c", "conf/digits.yaml", "algorithm.name=ddp", "algorithm.timeout_s=-1"], "'algorithm.timeout_s'"),
-        (["train", "-c", "conf/digits.yaml", "cluster.service_port=70000"], "'cluster.service_port'"),
+        (train + ["data.dataset=null", f"data.path={tmp}/missing.parquet"], "data.path"),
+        (train + [f"checkpoint.init_from={tmp}/nope.pt"], "checkpoint.init_from"),
+        (train + ["checkpoint.dir=nosuch://bucket/ck"], "not reachable"),
+        (train + ["run.output_dir=hdfs://nn/x"], "local directory"),
+        (train + ["algorithm.name=ddp", "algorithm.timeout_s=-1"], "'algorithm.timeout_s'"),
+        (train + ["cluster.service_port=70000"], "'cluster.service_port'"),
+        (train + ["cluster.master=sc://spark-connect:15002"], "Spark Connect"),
+        (train + ["training.min_agents=3"], "min_agents=3 exceeds training.agents=2"),
+        (train + ["data.path=x.parquet"], "give exactly one of data.dataset"),
         (["bench", "compare", "--algorithms", "mpca,adam"], "unknown 'adam'"),
         (["bench", "compare", "--targets", "0.1,x"], "--targets"),
+        # data and training functions, checked with pyarrow and one batch on the driver, before Spark
+        (_on_data(tmp, "empty"), "no rows"),
+        (_on_data(tmp, "nofeatures", features=None), "column 'features' not in the data"),
+        (_on_data(tmp, "nolabel", label=None), "column 'label' not in the data"),
+        (_on_data(tmp, "strings", features=["x"] * 64), "cannot be read"),
+        (_on_data(tmp, "toomany", label=[12] * 64), "labels reach 12 but the model outputs 10 classes"),
+        (_on_data(tmp, "negative", label=[-1] * 64), "negative values"),
+        (_on_data(tmp, "floats", label=[0.5] * 64), "does not fit the loss"),
+        (_on_data(tmp, "digits") + ["data.input_shape=[64]"], "cannot take the data's rows"),
+        (_on_data(tmp, "digits") + ["data.input_shape=[1,4,4]"], "input_shape"),
+        (_on_data(tmp, "digits") + ["data.label=target"], "column 'target' not in the data"),
     ]
 
 
-@pytest.mark.parametrize("case", range(12))
+CASES = len(MISTAKES) + 24  # with the cases below MISTAKES in _bad_inputs; the test checks the total
+
+
+@pytest.mark.parametrize("case", range(CASES))
 def test_bad_input_is_one_line_exit_2_before_spark_starts(tmp_path, capsys, case):
+    """One line, exit 2, within seconds, before any Spark session (none is started in this process)."""
     import time
 
-    argv, expected = _bad_inputs(tmp_path)[case]
+    cases = _bad_inputs(tmp_path)
+    assert len(cases) == CASES
+    argv, expected = cases[case]
     if argv[0] == "train" and not any(a.startswith("run.output_dir") for a in argv) and len(argv) > 1:
         argv.append(f"run.output_dir={tmp_path}/out")
     t0 = time.time()
@@ -141,6 +175,9 @@ def test_bad_input_is_one_line_exit_2_before_spark_starts(tmp_path, capsys, case
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("mpca"), err
     assert expected in err, err
     assert time.time() - t0 < 15  # found before any Spark session was started
+    from pyspark.sql import SparkSession
+
+    assert SparkSession.getActiveSession() is None
 
 
 def test_a_failed_job_still_writes_its_summary(tmp_path, capsys):

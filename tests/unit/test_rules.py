@@ -117,6 +117,29 @@ def test_joint_shard_uses_real_states_only():
     assert s.joint.item() == 10 and s.velocity.item() == 2.5
 
 
+def test_joint_shard_with_beta_below_one_by_hand():
+    """β = 0.5: x̃ ≠ R, so computing ṽ or x* from R (instead of x̃) gives other numbers.
+    x̃0 = 2, ṽ0 = 1; R = (1·4 + 3·8)/4 = 7; x̃1 = 0.5·2 + 0.5·7 = 4.5 (Eq. 8);
+    ṽ1 = 0.5·1 + 0.5·(4.5 − 2) = 1.75 (Eq. 4); x* = 4.5 + 2·1.75 = 8 (Eq. 5)."""
+    s = JointShard(T(2), velocity=T(1))
+    partial = WeightedSum.of(T(4), 1).combine(WeightedSum.of(T(8), 3))
+    star = s.update(partial, beta=0.5, gamma=2.0, delta=0.5)
+    assert s.joint.item() == 4.5 and s.velocity.item() == 1.75 and star.item() == 8.0
+
+
+def test_the_driver_broadcasts_the_projection_and_a_replacement_starts_there():
+    """MPCADriver.on_reduced returns x* (not x̃) for the broadcast; join_vectors gives x* of every shard
+    (γ ≤ 1 in the schedules: the numbers of the test above with γ = 1)."""
+    from mpca.algorithm.mpca import MPCA
+
+    algo = MPCA(shards=2, delta=0.5, beta={"start": 0.5, "target": 0.5}, gamma={"start": 1.0, "target": 1.0})
+    drv = algo.driver_rule([T(2), T(0)], agents=2)
+    drv.shards[0].velocity = T(1)
+    star = drv.on_reduced(0, 0, WeightedSum.of(T(4), 1).combine(WeightedSum.of(T(8), 3)))
+    assert star.item() == 6.25 and drv.joint_vectors()[0].item() == 4.5  # broadcast x* = 4.5 + 1·1.75, keep x̃
+    assert [v.item() for v in drv.join_vectors()] == [6.25, 0.0]
+
+
 def test_joint_shard_no_contributions_keeps_joint():
     s = JointShard(T(3, 4), velocity=T(2, 2))
     star = s.update(WeightedSum(None, 0.0), beta=0.9, gamma=1.0, delta=0.5)
