@@ -158,3 +158,31 @@ def hanging_cnn():
 
 def executor_killing_cnn():
     return FaultyAgentCNN("kill-executor")
+
+
+def assert_replayed_handshake_refused(connect_raw, secret: bytes) -> None:
+    """A recording of a good client's handshake (its nonce and MAC) is worthless on a new connection: the
+    server's fresh nonce makes the old MAC wrong, and a request sent after it gets no answer."""
+    import json
+
+    from mpca.runtime.channel import NONCE_BYTES, PREFIX, _mac, _recv_exact
+
+    s1 = connect_raw()
+    server_nonce = bytes(_recv_exact(s1, NONCE_BYTES))
+    recorded = os.urandom(NONCE_BYTES) + _mac(secret, b"client", server_nonce)  # what a good client sent
+    s1.sendall(recorded)
+    assert len(_recv_exact(s1, 32)) == 32  # the server's proof: that handshake went through
+    s1.close()
+    s2 = connect_raw()
+    s2.settimeout(5)
+    _recv_exact(s2, NONCE_BYTES)  # a new nonce
+    s2.sendall(recorded)  # replayed
+    _recv_exact(s2, 32)  # the server's own proof comes before it checks ours
+    hello = json.dumps({"op": "hello", "agent": 0}).encode()
+    try:
+        s2.sendall(PREFIX.pack(len(hello), 0) + hello)
+        answer = s2.recv(1)
+    except OSError:
+        answer = b""
+    s2.close()
+    assert answer == b"", "a replayed handshake was answered"

@@ -2,11 +2,13 @@
 
     mpca bench compare [-c conf/mnist_mlp.yaml] [--algorithms mpca,sync,easgd,diloco,ddp,single]
                        [--ablations] [--targets 0.3,0.2,0.1] [--max-seconds 120] [--repeats 1]
-                       [--network none|1gbit|100mbit] [--out runs/compare] [key=value ...]
+                       [--network none|1gbit|100mbit] [--straggler AGENT:SPEED] [--out runs/compare]
+                       [key=value ...]
 
 Runs the chosen algorithms one after another (and, with ``--ablations``, the paper's MPCA ablations:
 γ = 0 without extrapolation, Fig. 10a; unweighted instead of τ-weighted reduction, Fig. 10c; S = 1 and 2
-phases, §4.2) and writes to ``--out``: ``compare.csv`` (a table like the paper's Table 2: time to each
+phases, §4.2; with ``--straggler 1:0.5`` agent 1 runs at half speed and ``mpca:uncontested`` is mpca
+without it, Fig. 10c) and writes to ``--out``: ``compare.csv`` (a table like the paper's Table 2: time to each
 target per algorithm, ratios to ``single`` and to ``mpca``), ``compare.json`` (per algorithm: time to each
 target, final error, bytes moved, duty cycle; for the run: network, communication/computation ratio of
 one model exchange, cycle overlap), ``compare.png`` (error against wall time) and each run's history.
@@ -27,6 +29,7 @@ ABLATIONS = {
     "mpca:uniform": {"name": "mpca", "weighting": "uniform"},  # unweighted reduction (Fig. 10c)
     "mpca:S1": {"name": "mpca", "shards": 1},  # one phase (Fig. 6)
     "mpca:S2": {"name": "mpca", "shards": 2},  # two phases (Fig. 7)
+    "mpca:uncontested": {"name": "mpca"},  # with --straggler: the same run without the straggler
 }
 DEFAULT_CONFIG = "conf/mnist_mlp.yaml"  # ≈1.3 M parameters: communication matters, unlike the digits CNN
 
@@ -71,8 +74,10 @@ def _comm_comp(fit) -> Optional[float]:
     return statistics.median(cycles) * shards * statistics.median(rates)
 
 
-def run_one(spark, cfg, label: str, algorithm: dict, targets: List[float], max_seconds: float, out: str) -> dict:
+def run_one(spark, cfg, label: str, algorithm: dict, targets: List[float], max_seconds: float, out: str,
+            straggler=None) -> dict:
     from mpca import job
+    from mpca.bench.straggler import slowed
     from mpca.config import settings_from
     from mpca.trainer import Trainer
 
@@ -83,8 +88,13 @@ def run_one(spark, cfg, label: str, algorithm: dict, targets: List[float], max_s
     if algorithm["name"] == "single":
         overrides["agents"] = 1
     settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"}, **overrides)
-    print(f"--- {label}: {settings.training.agents} agent(s), up to {max_seconds:.0f}s", flush=True)
-    fit = Trainer(*job.training_functions(cfg), settings, spark=spark).fit(job._data(spark, cfg))
+    model_fn, loss_fn, optimizer_fn = job.training_functions(cfg)
+    slow = straggler is not None and not label.startswith("mpca:uncontested")
+    if slow:
+        optimizer_fn = slowed(optimizer_fn, *straggler)
+    print(f"--- {label}: {settings.training.agents} agent(s), up to {max_seconds:.0f}s"
+          + (f", agent {straggler[0]} at {straggler[1]:g}x speed" if slow else ""), flush=True)
+    fit = Trainer(model_fn, loss_fn, optimizer_fn, settings, spark=spark).fit(job._data(spark, cfg))
     os.makedirs(os.path.join(out, label.replace(":", "-")), exist_ok=True)
     fit.history.to_csv(os.path.join(out, label.replace(":", "-"), "history.csv"), index=False)
     return {"label": label, "algorithm": algorithm, "agents": settings.training.agents, "history": fit.history,
@@ -127,7 +137,7 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
 
 
 def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: float, repeats: int, out: str,
-            network: str) -> dict:
+            network: str, straggler=None) -> dict:
     from mpca.report import plot_curves, write_json
 
     os.makedirs(out, exist_ok=True)
@@ -135,8 +145,8 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     results: Dict[str, dict] = {}
     for label in labels:
         algo = ABLATIONS.get(label) or {"name": label}
-        runs = [run_one(spark, cfg, label if repeats == 1 else f"{label}:r{i}", algo, targets, max_seconds, out)
-                for i in range(repeats)]
+        runs = [run_one(spark, cfg, label if repeats == 1 else f"{label}:r{i}", algo, targets, max_seconds, out,
+                        straggler) for i in range(repeats)]
         first = runs[0]
         results[label] = {**first, "time_to": {t: _median([r["time_to"][t] for r in runs]) for t in targets},
                           "final_error": statistics.median(r["final_error"] for r in runs),
@@ -146,7 +156,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     tab.to_csv(os.path.join(out, "compare.csv"), index=False)
     mpca = results.get("mpca", {})
     summary = {
-        "network": network, "targets": targets, "max_seconds": max_seconds, "repeats": repeats,
+        "network": network, "straggler": list(straggler) if straggler else None, "targets": targets, "max_seconds": max_seconds, "repeats": repeats,
         "model": cfg.model.name, "model_args": cfg.model.args, "data": cfg.data.dataset or cfg.data.path,
         "comm_comp_ratio": mpca.get("comm_comp"), "cycle_overlap": mpca.get("overlap"),
         "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
@@ -198,6 +208,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--network", choices=["none", "1gbit", "100mbit"], default="none")
     ap.add_argument("--out", default="runs/compare")
+    ap.add_argument("--straggler", metavar="AGENT:SPEED", help="slow one agent, e.g. 1:0.5 (Fig. 10c: compare "
+                    "--algorithms mpca,mpca:uniform,mpca:uncontested)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the job config")
     args = ap.parse_args(argv)
     from mpca.algorithm import algorithm_names
@@ -209,7 +221,13 @@ def main(argv=None) -> int:
         if a not in algorithm_names() and a not in ABLATIONS:
             raise UserError(f"--algorithms: unknown {a!r}; choose from {', '.join(algorithm_names())}")
     if args.ablations:
-        labels += [a for a in ABLATIONS if a not in labels]
+        labels += [a for a in ABLATIONS if a not in labels and (args.straggler or a != "mpca:uncontested")]
+    from mpca.bench.straggler import parse
+
+    try:
+        straggler = parse(args.straggler) if args.straggler else None
+    except ValueError as e:
+        raise UserError(str(e)) from None
     try:
         targets = sorted((float(t) for t in args.targets.split(",")), reverse=True)
     except ValueError:
@@ -227,7 +245,7 @@ def main(argv=None) -> int:
         print(f"mpca bench compare: {why}; falling back to local-cluster (results labelled as such)", file=sys.stderr)
     spark, network = _session(cfg, args.network)
     try:
-        compare(spark, cfg, labels, targets, args.max_seconds, args.repeats, args.out, network)
+        compare(spark, cfg, labels, targets, args.max_seconds, args.repeats, args.out, network, straggler)
     finally:
         spark.stop()
     return 0

@@ -30,13 +30,15 @@ from mpca.runtime.reports import AgentReport
 
 log = logging.getLogger("mpca.agent")
 
+MAX_CONNECTIONS = 64  # exchange tasks hold a few per agent at once
+
 
 @dataclass
 class AgentSpec:
     """Everything an agent needs, shipped to executors with cloudpickle inside the task closure."""
 
     run_id: str
-    secret: bytes
+    secret: bytes = field(repr=False)  # never in a log line or an error message
     model_fn: Callable[[], torch.nn.Module]
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     optimizer_fn: Callable[[Any], torch.optim.Optimizer]
@@ -125,6 +127,7 @@ class Agent:
         self._delivered_cycle = [-1] * spec.layout.num_shards  # sequence numbers: older deliveries are ignored
         self._unsettled: Dict[int, Tuple[int, dict]] = {}  # cycle -> (shard, extra) yielded, not yet confirmed
         self.lost = 0
+        self.refused = 0  # connections closed because MAX_CONNECTIONS were open
 
     # ------------------------------------------------------------------ training
     def _should_stop(self) -> bool:
@@ -328,15 +331,22 @@ class Agent:
         return s
 
     def serve(self, srv) -> None:
+        """Accept exchange connections; at most MAX_CONNECTIONS at once (the socket is owner-only: a peer
+        that could flood it runs as this user; further connections are closed at once)."""
         srv.settimeout(0.5)
+        slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         while not self.stop_requested:
             try:
                 conn, _ = srv.accept()
             except OSError:
                 continue
-            threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()
+            if not slots.acquire(blocking=False):
+                conn.close()
+                self.refused += 1
+                continue
+            threading.Thread(target=self._serve_one, args=(conn, slots), daemon=True).start()
 
-    def _serve_one(self, conn) -> None:
+    def _serve_one(self, conn, slots=None) -> None:
         try:
             ch = Channel.accept(conn, self.spec.secret, self.spec.max_payload)
             while True:
@@ -351,6 +361,8 @@ class Agent:
                 log.warning("agent %s: dropped a connection: %s", self.id, e)
         finally:
             conn.close()
+            if slots is not None:
+                slots.release()
 
     def summary(self) -> dict:
         return {**self.report(exchange_s=self.exchange_s, alive_s=time.time() - self.started).to_dict(),

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
@@ -43,7 +43,7 @@ class ExchangePlan:
     """What every task of one exchange job does."""
 
     run_id: str
-    secret: bytes
+    secret: bytes = field(repr=False)
     token: str  # claim token: one agent answers one task per token
     op: str  # "reduce" | "deliver" | "cycle" (both in one task) | "join" | "hello" | "stop"
     cycle: Optional[int] = None  # sequence number: an agent ignores deliveries older than what it holds

@@ -1,5 +1,7 @@
 """The agent's side of the protocol, without Spark: claim once per token; with MPCA's agent rule, pull (Eq. 7)
 before each step, τ per shard, yield resets τ, deliver swaps the pull target."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -213,3 +215,82 @@ def test_a_replacement_contributes_nothing_until_it_starts_from_the_joint_model(
     assert torch.equal(got, joint)  # every shard is the driver's joint model
     _stepped(a, 2)
     assert a.handle({"op": "yield", "shard": 1, "cycle": 10}, b"")[0]["weight"] == 2  # fresh τ, counted from the join
+
+
+def _serving(tmp_path):
+    import threading
+
+    from mpca.runtime.channel import listen
+
+    a = _agent()
+    path = str(tmp_path / "agent.sock")
+    srv = listen(path)
+    threading.Thread(target=a.serve, args=(srv,), daemon=True).start()
+    return a, path, srv
+
+
+def test_a_replayed_handshake_is_refused(tmp_path):
+    import socket
+
+    from mpca.runtime.channel import Channel
+    from tests.helpers import assert_replayed_handshake_refused
+
+    a, path, srv = _serving(tmp_path)
+    try:
+        def raw():
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(path)
+            return s
+
+        assert_replayed_handshake_refused(raw, b"s")
+        ok = Channel.connect(path, b"s")
+        assert ok.request({"op": "hello"})[0]["agent"] == 0
+        ok.close()
+    finally:
+        a.stop_requested = True
+        srv.close()
+
+
+def test_hundreds_of_idle_connections_hold_at_most_a_bounded_number_of_threads(tmp_path):
+    import socket
+    import threading
+    import time
+
+    from mpca.runtime import agent as agent_module
+    from mpca.runtime.channel import Channel
+
+    a, path, srv = _serving(tmp_path)
+    before = threading.active_count()
+    idle = []
+    try:
+        for _ in range(300):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(path)
+            idle.append(s)
+        deadline = time.time() + 10
+        while a.refused < 300 - agent_module.MAX_CONNECTIONS and time.time() < deadline:
+            time.sleep(0.05)
+        assert a.refused == 300 - agent_module.MAX_CONNECTIONS  # the rest closed at once
+        assert threading.active_count() - before <= agent_module.MAX_CONNECTIONS
+        for s in idle:
+            s.close()
+        deadline = time.time() + 10
+        while threading.active_count() - before > 0 and time.time() < deadline:
+            time.sleep(0.05)
+        ok = Channel.connect(path, b"s")
+        assert ok.request({"op": "hello"})[0]["agent"] == 0  # served again once the idle peers are gone
+        ok.close()
+    finally:
+        for s in idle:
+            s.close()
+        a.stop_requested = True
+        srv.close()
+
+
+def test_the_run_secret_never_shows_in_a_repr():
+    from mpca.runtime.exchange import ExchangePlan
+
+    a = _agent()
+    secret = b"\x8f" * 32
+    for obj in (ExchangePlan("r", secret, "t", "reduce"), a.spec.__class__(**{**a.spec.__dict__, "secret": secret})):
+        assert repr(secret) not in repr(obj) and "secret" not in repr(obj)

@@ -142,6 +142,7 @@ def _bad_inputs(tmp):
         (train + ["data.path=x.parquet"], "give exactly one of data.dataset"),
         (["bench", "compare", "--algorithms", "mpca,adam"], "unknown 'adam'"),
         (["bench", "compare", "--targets", "0.1,x"], "--targets"),
+        (["bench", "compare", "--straggler", "fast"], "--straggler takes AGENT:SPEED"),
         # data and training functions, checked with pyarrow and one batch on the driver, before Spark
         (_on_data(tmp, "empty"), "no rows"),
         (_on_data(tmp, "nofeatures", features=None), "column 'features' not in the data"),
@@ -156,7 +157,7 @@ def _bad_inputs(tmp):
     ]
 
 
-CASES = len(MISTAKES) + 24  # with the cases below MISTAKES in _bad_inputs; the test checks the total
+CASES = len(MISTAKES) + 25  # with the cases below MISTAKES in _bad_inputs; the test checks the total
 
 
 @pytest.mark.parametrize("case", range(CASES))

@@ -188,3 +188,13 @@ def test_address_advertises_the_given_host():
                           advertise_host="driver.example") as svc:
         host, port = svc.address
         assert host == "driver.example" and port > 0
+
+
+def test_a_replayed_handshake_is_refused(service):
+    import socket
+
+    from tests.helpers import assert_replayed_handshake_refused
+
+    assert_replayed_handshake_refused(lambda: socket.create_connection(service.address), SECRET)
+    with client(service) as c:
+        assert c.request({"op": "echo"}, None)[0] == {"echo": {"op": "echo"}}  # and it serves on

@@ -1,0 +1,22 @@
+"""The long-run benchmark's arithmetic (the benchmark itself runs Spark for an hour: a command, not a test)."""
+import os
+
+from mpca.bench import longrun
+
+
+def test_growth_is_measured_after_the_warm_up():
+    rows = [{"cycle": c, "m": m} for c, m in [(100, 50.0), (200, 100.0), (500, 105.0), (1000, 110.0)]]
+    assert longrun.growth(rows, "m") == 1.1  # from cycle 200 (after 10% of 1000) to the end
+
+
+def test_rss_and_children_of_this_process():
+    assert longrun._rss_mb(os.getpid()) > 10
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert p.pid in longrun._children([os.getpid()])
+    finally:
+        p.kill()
+        p.wait()

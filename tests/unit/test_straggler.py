@@ -1,0 +1,31 @@
+"""The benchmark's straggler: the slowed agent's steps take 1/speed as long; others are untouched."""
+import pytest
+import torch
+
+from mpca.bench import straggler
+
+
+def test_each_step_is_stretched_to_one_over_speed(monkeypatch):
+    clock = {"t": 0.0}
+    slept = []
+    monkeypatch.setattr(straggler.time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(straggler.time, "sleep", lambda s: (slept.append(s), clock.__setitem__("t", clock["t"] + s)))
+    opt = straggler._Slowed(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), speed=0.25)
+    for _ in range(3):
+        clock["t"] += 0.2  # 0.2 s of work per step
+        opt.step()
+    assert slept == pytest.approx([0.6, 0.6])  # each step then lasts 0.8 s = 0.2 / 0.25
+    assert opt.param_groups[0]["lr"] == 0.1  # the real optimizer behind it
+
+
+def test_only_the_named_partition_is_slowed():
+    fn = straggler.slowed(lambda p: torch.optim.SGD(p, lr=0.1), agent=1, speed=0.5)
+    assert isinstance(fn([torch.nn.Parameter(torch.zeros(1))]), torch.optim.SGD)  # the driver: no task context
+
+
+@pytest.mark.parametrize("text", ["1", "a:0.5", "1:x"])
+def test_bad_straggler_text(text):
+    with pytest.raises(ValueError, match="AGENT:SPEED"):
+        straggler.parse(text)
+    with pytest.raises(ValueError):
+        straggler.slowed(lambda p: None, 1, 1.5)
