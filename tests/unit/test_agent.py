@@ -76,14 +76,11 @@ class _AffinityProbe(torch.nn.Linear):
     seen = []
 
     def forward(self, x):
-        import os
-
         _AffinityProbe.seen.append(os.sched_getaffinity(0))  # the calling (training) thread's CPUs
         return super().forward(x)
 
 
 def test_agent_cpus_pin_the_training_thread_only():
-    import os
     import threading
 
     m = _AffinityProbe(3, 2)
