@@ -5,10 +5,10 @@ PY := $(VENV)/bin/python
 
 .PHONY: install test unit demo bench-compare bench-pull bench-exchange clean
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+$(VENV)/.installed: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -e '.[dev]'
+	$(VENV)/bin/pip install -c constraints.txt -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed

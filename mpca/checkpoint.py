@@ -1,7 +1,8 @@
 """Checkpoints of the joint model and the driver's state (the paper's DumpModel, §5.3).
 
 A checkpoint is two files in the checkpoint directory (a local path or a
-filesystem URI — ``file://``, ``hdfs://``, ``s3://`` … through pyarrow):
+filesystem URI — ``hdfs://``, ``s3a://``, ``abfss://``, ``dbfs:/`` … through the
+cluster's own Hadoop FileSystem while Spark runs, else pyarrow; see :mod:`mpca.storage`):
 
 * ``ckpt-<cycle>.pt``: ``torch.save`` of tensors and plain values only (the
   algorithm's name and its driver rule's ``state_dict`` — for MPCA the joint
@@ -28,93 +29,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from mpca import storage
 from mpca.errors import UserError
+from mpca.storage import Store, open_store
 
 FORMAT = 2
 _NAME = re.compile(r"ckpt-(\d+)\.json$")
-
-
-class _Store:
-    """A directory on the local disk or behind a pyarrow filesystem URI."""
-
-    def __init__(self, location: str):
-        self.location = location
-        if "://" in location:
-            import pyarrow.fs as pafs
-
-            try:
-                self.fs, self.root = pafs.FileSystem.from_uri(location)
-            except Exception as e:  # noqa: BLE001 - any failure here is a user-fixable location
-                raise UserError(f"checkpoint location {location!r} is not reachable: {e}") from None
-            self.local = False
-        else:
-            self.fs, self.root, self.local = None, location, True
-
-    def makedirs(self) -> None:
-        try:
-            if self.local:
-                os.makedirs(self.root, exist_ok=True)
-            else:
-                self.fs.create_dir(self.root, recursive=True)
-        except OSError as e:
-            raise UserError(f"cannot create checkpoint directory {self.location!r}: {e.strerror or e}") from None
-
-    def path(self, name: str) -> str:
-        return f"{self.root.rstrip('/')}/{name}"
-
-    def sweep_temporaries(self) -> None:
-        """Remove temporaries of writers that died mid-write (kill -9): local disks only, dead processes only."""
-        if not self.local:
-            return
-        for n in self.list():
-            m = re.fullmatch(r"\..+\.tmp-(\d+)", n)
-            if m and not _alive(int(m.group(1))):
-                self.delete(n)
-
-    def write_atomic(self, name: str, data: bytes) -> None:
-        final, tmp = self.path(name), self.path(f".{name}.tmp-{os.getpid()}")
-        if self.local:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-            dfd = os.open(self.root, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        else:
-            with self.fs.open_output_stream(tmp) as f:
-                f.write(data)
-            self.fs.move(tmp, final)
-
-    def read(self, name: str) -> bytes:
-        if self.local:
-            with open(self.path(name), "rb") as f:
-                return f.read()
-        with self.fs.open_input_stream(self.path(name)) as f:
-            return f.read()
-
-    def list(self) -> List[str]:
-        if self.local:
-            return os.listdir(self.root) if os.path.isdir(self.root) else []
-        import pyarrow.fs as pafs
-
-        try:
-            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
-        except OSError:
-            return []
-        return [os.path.basename(i.path) for i in infos]
-
-    def delete(self, name: str) -> None:
-        try:
-            if self.local:
-                os.remove(self.path(name))
-            else:
-                self.fs.delete_file(self.path(name))
-        except (FileNotFoundError, OSError):
-            pass
 
 
 @dataclass
@@ -130,23 +50,13 @@ class Checkpoint:
     pending: Optional[Dict[str, Any]] = None  # a reduction received but not staged yet (the pipeline's)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def check_location(location: str) -> None:
     """Fail now, with one line, when a checkpoint URI names no filesystem this machine can reach."""
-    _Store(location).list()
+    storage.check_location(location)
 
 
 def save(location: str, ckpt: Checkpoint, keep: int = 3) -> str:
-    store = _Store(location)
+    store = open_store(location)
     store.makedirs()
     store.sweep_temporaries()
     buf = io.BytesIO()
@@ -168,7 +78,7 @@ def save(location: str, ckpt: Checkpoint, keep: int = 3) -> str:
     return store.path(f"{name}.pt")
 
 
-def _load(store: _Store, manifest_name: str) -> Optional[Checkpoint]:
+def _load(store: Store, manifest_name: str) -> Optional[Checkpoint]:
     try:
         manifest = json.loads(store.read(manifest_name))
         data = store.read(manifest["data"])
@@ -188,7 +98,7 @@ def _load(store: _Store, manifest_name: str) -> Optional[Checkpoint]:
 
 def latest(location: str) -> Optional[Checkpoint]:
     """The newest checkpoint in ``location`` whose data matches its checksum (None if there is none)."""
-    store = _Store(location)
+    store = open_store(location)
     names = sorted((n for n in store.list() if _NAME.match(n)), reverse=True)
     for n in names:
         ck = _load(store, n)
@@ -206,7 +116,7 @@ def load_model_state(path: str) -> Dict[str, torch.Tensor]:
         return ck.model_state
     if not os.path.exists(path) and "://" not in path:
         raise UserError(f"init_from {path!r} does not exist; give a previous run's model.pt or checkpoint directory")
-    store = _Store(os.path.dirname(path) or ".")
+    store = open_store(os.path.dirname(path) or ".")
     try:
         state = torch.load(io.BytesIO(store.read(os.path.basename(path))), weights_only=True)
     except Exception as e:  # noqa: BLE001
@@ -216,16 +126,6 @@ def load_model_state(path: str) -> Dict[str, torch.Tensor]:
     if isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values()):
         return state
     raise UserError(f"init_from {path!r} holds neither a state_dict nor an mpca checkpoint")
-
-
-def save_model(path: str, model: torch.nn.Module) -> str:
-    """The final model as a plain ``state_dict`` (``torch.load`` + ``load_state_dict`` — no mpca needed)."""
-    store = _Store(os.path.dirname(path) or ".")
-    store.makedirs()
-    buf = io.BytesIO()
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
-    store.write_atomic(os.path.basename(path), buf.getvalue())
-    return path
 
 
 class BackgroundSaver:

@@ -1,5 +1,5 @@
-"""Console entry point: ``mpca train --config conf/digits.yaml [key=value ...]``, ``mpca bench ...``,
-``mpca data ...``.
+"""Console entry point: ``mpca train --config conf/digits.yaml [key=value ...]``, ``mpca predict ...``,
+``mpca bench ...``, ``mpca data ...``.
 
 Exit codes: 0 done (or target reached), 2 user error (one line, no traceback),
 3 the run failed, 4 stopped at a time/cycle/epoch limit without reaching the
@@ -35,6 +35,16 @@ def _train(args) -> int:
         raise
 
 
+def _predict(args) -> int:
+    from mpca.config import load_config
+    from mpca.predict import predict
+
+    if not args.config:
+        raise UserError("give the job config the model was trained with: mpca predict -c conf/digits.yaml ...")
+    cfg = load_config(args.config, args.overrides)
+    return predict(cfg, args.model, args.data, args.out, args.overwrite, args.prediction_col)
+
+
 def _data(args) -> int:
     from mpca.data.datasets import write_parquet
 
@@ -65,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="YAML file, e.g. conf/digits.yaml; repeat to merge presets (later files win)")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. training.agents=2 stop.max_cycles=50")
     t.set_defaults(func=_train)
+    p = sub.add_parser("predict", help="score a Parquet data set with a trained model (batch inference)")
+    p.add_argument("--config", "-c", action="append", default=[], help="the job config (features, input_shape, "
+                   "cluster; model.name where no model.json lies beside the model)")
+    p.add_argument("--model", required=True, help="a model.pt written by mpca train (or save_model)")
+    p.add_argument("--data", required=True, help="Parquet file or directory to score")
+    p.add_argument("--out", required=True, help="where the scored Parquet goes")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--prediction-col", default="prediction")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the config")
+    p.set_defaults(func=_predict)
     d = sub.add_parser("data", help="write a bundled dataset as Parquet")
     d.add_argument("dataset", choices=["digits", "mnist5k"])
     d.add_argument("path")

@@ -191,6 +191,22 @@ class Settings(_Strict):
         return self
 
 
+class MLflowSection(_Strict):
+    experiment: Optional[str] = None
+    tracking_uri: Optional[str] = Field(None, description="e.g. databricks, http://host:5000, file:/path (None: "
+                                        "MLFLOW_TRACKING_URI or ./mlruns)")
+    run_name: Optional[str] = None
+
+
+class TensorBoardSection(_Strict):
+    dir: str = "runs/tensorboard"
+
+
+class TrackingSection(_Strict):
+    mlflow: Optional[MLflowSection] = None
+    tensorboard: Optional[TensorBoardSection] = None
+
+
 class JobConfig(Settings):
     """A job: the run's settings plus what the CLI builds itself (output, data source, model, optimizer)."""
 
@@ -200,6 +216,7 @@ class JobConfig(Settings):
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     cluster: JobClusterSection = Field(default_factory=JobClusterSection)
     progress: Literal["auto", "bar", "log", "off"] = "auto"
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
 
     @model_validator(mode="before")
     @classmethod

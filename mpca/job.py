@@ -113,7 +113,7 @@ def preflight(cfg: JobConfig, starting_spark: bool) -> None:
     if init is not None and "://" not in init and not os.path.exists(init):
         raise UserError(f"checkpoint.init_from {init!r} does not exist; give a previous run's model.pt or "
                         "checkpoint directory")
-    if cfg.checkpoint.dir and "://" in cfg.checkpoint.dir:
+    if cfg.checkpoint.dir:
         checkpoint.check_location(cfg.checkpoint.dir)
     if starting_spark and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         raise UserError("no Java found for the local Spark cluster: install Java 17 (e.g. apt-get install "
@@ -121,9 +121,16 @@ def preflight(cfg: JobConfig, starting_spark: bool) -> None:
 
 
 def _check_output_dir(path: str) -> None:
-    if "://" in path:
-        raise UserError(f"run.output_dir {path!r}: outputs go to a local directory for now; put checkpoints on "
-                        "cluster storage with checkpoint.dir=<URI>")
+    """A local directory must be writable now; a URI's scheme must be one this machine or the cluster knows
+    (cluster schemes are checked through Spark's Hadoop once the session is up)."""
+    from mpca import storage
+
+    if storage.is_uri(path):
+        try:
+            storage.check_location(path)
+        except UserError as e:
+            raise UserError(f"run.output_dir: {e}") from None
+        return
     try:
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, ".mpca-write-test")
@@ -144,8 +151,8 @@ def training_functions(cfg: JobConfig):
 
 
 def run(cfg: JobConfig, spark=None) -> JobResult:
+    from mpca import storage
     from mpca.models import check_model_name
-    from mpca.report import plot_history, summary_table, write_history_csv, write_json
     from mpca.stopping import StopSignals
     from mpca.trainer import Trainer
 
@@ -153,55 +160,105 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
     _check_output_dir(out)
     check_model_name(cfg.model.name, cfg.model.args)
     preflight(cfg, starting_spark=spark is None and cfg.cluster.master != "existing")
-    ckpt_dir = cfg.checkpoint.dir
+    from mpca.tracking import from_config
+
+    trackers = from_config(cfg.tracking)  # MLflow / TensorBoard, when the config asks for them (before Spark)
     own_session = False
     if spark is None:
         spark, own_session = _session(cfg)
     t0 = time.time()
     try:
+        for where in (out, cfg.checkpoint.dir):  # cluster URIs: checked through the cluster's Hadoop, now
+            if where and storage.is_uri(where):
+                storage.check_location(where)
         df = _data(spark, cfg)
-        trainer = Trainer(*training_functions(cfg), cfg, spark=spark)  # the settings, passed down whole
+        trainer = Trainer(*training_functions(cfg), cfg, spark=spark, on_cycle=trackers)  # settings passed whole
         with StopSignals() as signals:
             trainer.stop_requested = signals.event  # SIGTERM / Ctrl-C: stop after this cycle, write everything
             fit = trainer.fit(df)
+        return _write_outputs(cfg, fit, signals.exit_code, trackers, t0)  # while Spark is up (cluster storage)
     finally:
         if own_session:
             spark.stop()
-    from mpca.checkpoint import save_model
 
-    model_path = save_model(os.path.join(out, "model.pt"), fit.model)
-    hist_path = os.path.join(out, "history.csv")
+
+def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> JobResult:
+    """model.pt + model.json, history.csv/png, timeline.csv and summary.json in ``run.output_dir``: written
+    there directly on a local disk; for a URI, made in a local staging directory and copied (atomically,
+    summary last) to the cluster's storage."""
+    import tempfile
+
+    from mpca import storage
+    from mpca.ml.spec import registry_spec, save_model
+    from mpca.report import plot_history, summary_table, write_history_csv, write_json
+
+    out = cfg.run.output_dir
+    remote = storage.is_uri(out)
+    local = tempfile.mkdtemp(prefix="mpca-outputs-") if remote else out
+    target_path = (lambda name: f"{out.rstrip('/')}/{name}") if remote else (lambda name: os.path.join(out, name))
+    # model.pt (a plain state_dict) and model.json (its architecture: mpca predict and load_model rebuild it)
+    save_model(os.path.join(local, "model.pt"), fit.model, registry_spec(cfg.model.name, cfg.model.args))
+    hist_path = os.path.join(local, "history.csv")
     history = fit.history
-    if cfg.checkpoint.resume and fit.extra.get("first_cycle", 0) > 0 and os.path.exists(hist_path):
+    previous = _previous_history(cfg, out, fit)
+    if previous is not None:
         import pandas as pd
 
-        before = pd.read_csv(hist_path)
-        history = pd.concat([before[before["cycle"] <= fit.extra["first_cycle"]], history], ignore_index=True)
+        history = pd.concat([previous[previous["cycle"] <= fit.extra["first_cycle"]], history], ignore_index=True)
     write_history_csv(history, hist_path)
-    plot_path = plot_history(history, os.path.join(out, "history.png"), title=f"{cfg.run.name}: holdout error",
-                             target=cfg.stop.target_error)
-    timeline_path = os.path.join(out, "timeline.csv")
-    fit.timeline.to_pandas().to_csv(timeline_path, index=False)
+    plot = plot_history(history, os.path.join(local, "history.png"), title=f"{cfg.run.name}: holdout error",
+                        target=cfg.stop.target_error)
+    fit.timeline.to_pandas().to_csv(os.path.join(local, "timeline.csv"), index=False)
     target = cfg.stop.target_error
     reached = target is not None and fit.final.error <= target
     code = EXIT_TARGET_NOT_REACHED if target is not None and not reached else EXIT_OK
     status = "target_reached" if reached else ("limit_reached" if target is not None else "done")
-    if signals.exit_code is not None:  # stopped by SIGTERM / Ctrl-C: everything written, then 143 / 130
-        code, status = signals.exit_code, "interrupted"
+    if signal_code is not None:  # stopped by SIGTERM / Ctrl-C: everything written, then 143 / 130
+        code, status = signal_code, "interrupted"
+    names = {"model": "model.pt", "history": "history.csv", "plot": "history.png" if plot else None,
+             "timeline": "timeline.csv", "summary": "summary.json"}
     summary = {
         "status": status,
         "exit_code": code, "stop_reason": fit.stop_reason, "final_holdout_error": fit.final.error,
         "final_holdout_loss": fit.final.loss, "target_error": target, "wall_s": fit.wall_s,
         "job_wall_s": time.time() - t0, "cycles": fit.cycles, "first_cycle": fit.extra.get("first_cycle", 0),
         "agents": cfg.training.agents, "algorithm": cfg.algorithm.name, "layout": fit.extra["layout"],
-        "paths": {"model": model_path, "history": hist_path, "plot": plot_path, "timeline": timeline_path,
-                  "checkpoints": ckpt_dir, "summary": os.path.join(out, "summary.json")},
+        "paths": {**{k: target_path(v) if v else None for k, v in names.items()}, "checkpoints": cfg.checkpoint.dir},
     }
-    write_json(summary["paths"]["summary"], summary)
+    write_json(os.path.join(local, "summary.json"), summary)
+    if remote:
+        store = storage.open_store(out)
+        store.makedirs()
+        for name in ["model.json"] + [v for v in names.values() if v]:  # summary.json last
+            with open(os.path.join(local, name), "rb") as f:
+                store.write_atomic(name, f.read())
+    if trackers is not None:
+        trackers.log_outputs({k: os.path.join(local, v) for k, v in names.items() if v})
     print(summary_table([
         ("final holdout error", f"{100 * fit.final.error:.2f}%"), ("stop reason", fit.stop_reason),
-        ("cycles", fit.cycles), ("wall time", f"{fit.wall_s:.1f}s"), ("model", model_path),
-        ("history", hist_path), ("plot", plot_path), ("summary", summary["paths"]["summary"]),
+        ("cycles", fit.cycles), ("wall time", f"{fit.wall_s:.1f}s"), ("model", summary["paths"]["model"]),
+        ("history", summary["paths"]["history"]), ("plot", summary["paths"]["plot"]),
+        ("summary", summary["paths"]["summary"]),
     ]), flush=True)
+    if remote:
+        import shutil
+
+        shutil.rmtree(local, ignore_errors=True)
     return JobResult(code, summary)
 
+
+def _previous_history(cfg: JobConfig, out: str, fit):
+    """A resumed job's history before its first cycle (from the earlier run's history.csv), or None."""
+    if not (cfg.checkpoint.resume and fit.extra.get("first_cycle", 0) > 0):
+        return None
+    import io
+
+    import pandas as pd
+
+    from mpca import storage
+
+    try:
+        data = storage.open_store(out).read("history.csv")
+    except (OSError, FileNotFoundError):
+        return None
+    return pd.read_csv(io.BytesIO(data))

@@ -1,6 +1,7 @@
 """Results a person would rather look at than read: the history as CSV, a plot, a table."""
 from __future__ import annotations
 
+import logging
 import math
 from typing import Dict, Optional, Sequence
 
@@ -47,14 +48,20 @@ def _per_agent(d) -> str:
     return ";".join(f"{k}:{v:.1f}" if isinstance(v, float) else f"{k}:{v}" for k, v in sorted(d.items()))
 
 
-def plot_history(history, path: str, title: str = "MPCA SGD", target: Optional[float] = None) -> str:
+def plot_history(history, path: str, title: str = "MPCA SGD", target: Optional[float] = None) -> Optional[str]:
     """Holdout error against wall time (like the paper's Fig. 13a)."""
     return plot_curves({"holdout error": history}, path, title, [target] if target is not None else [])
 
 
-def plot_curves(histories: Dict[str, object], path: str, title: str, targets: Sequence[float] = ()) -> str:
-    """Holdout error against wall time, one curve per labelled history (e.g. one per algorithm)."""
-    import matplotlib
+def plot_curves(histories: Dict[str, object], path: str, title: str, targets: Sequence[float] = ()) -> Optional[str]:
+    """Holdout error against wall time, one curve per labelled history (e.g. one per algorithm); None (and a
+    log line) without matplotlib, the ``plot`` extra."""
+    try:
+        import matplotlib
+    except ImportError:
+        logging.getLogger("mpca.report").info("no plot of %s: matplotlib is not installed (pip install 'mpca[plot]')",
+                                              path)
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -81,7 +88,9 @@ def summary_table(rows) -> str:
     width = max(len(k) for k, _ in rows)
     out = []
     for k, v in rows:
-        if isinstance(v, float):
+        if v is None:
+            v = "-"
+        elif isinstance(v, float):
             v = "-" if math.isnan(v) else f"{v:.4g}"
         out.append(f"  {k:<{width}}  {v}")
     return "\n".join(out)

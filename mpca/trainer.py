@@ -43,7 +43,9 @@ class Trainer:
     """Train a PyTorch model with the chosen algorithm (MPCA SGD by default) on the active classic Spark session.
 
     ``on_cycle(row)`` is called on the driver with every new history row (an evaluation of the joint
-    model: ``wall_s``, ``cycle``, ``holdout_error``, ``holdout_loss``, ``samples_per_s``, ``epochs`` …).
+    model: ``wall_s``, ``cycle``, ``holdout_error``, ``holdout_loss``, ``samples_per_s``, ``epochs`` …); an
+    ``on_cycle`` with a ``start(settings)`` method has it called before the agents start (see
+    :mod:`mpca.tracking` for MLflow and TensorBoard; their ``finish`` is the caller's, after the outputs).
     """
 
     def __init__(self, model_fn: Callable[[], torch.nn.Module], loss_fn: Callable, optimizer_fn: Callable,
@@ -89,9 +91,10 @@ class Trainer:
             train, hold = df.randomSplit([1.0 - d.holdout, d.holdout], seed=self.settings.seed)
         else:
             train, hold = df, df.limit(0)
+        from mpca.compat import to_arrow
         from mpca.data.checks import tensors
 
-        table = hold.select(d.features, d.label).limit(d.holdout_max_rows).toArrow()
+        table = to_arrow(hold.select(d.features, d.label).limit(d.holdout_max_rows))
         hx, hy = tensors(table, d.features, d.label, d.input_shape)
         return train.select(d.features, d.label), hx, hy
 
@@ -101,10 +104,11 @@ class Trainer:
 
         if self.settings.algorithm.buffers != "local" or not has_batchnorm(model):
             return None
+        from mpca.compat import to_arrow
         from mpca.data.checks import tensors
 
         d = self.settings.data
-        return tensors(train_df.limit(CALIBRATION_ROWS).toArrow(), d.features, d.label, d.input_shape)[0]
+        return tensors(to_arrow(train_df.limit(CALIBRATION_ROWS)), d.features, d.label, d.input_shape)[0]
 
     def _restore(self, model, specs) -> tuple:
         """Apply init_from / resume to the driver's model; return the checkpoint resumed from (or None)."""
@@ -170,6 +174,8 @@ class Trainer:
         d = st.data  # empty data, bad labels, a model or loss that cannot take the rows: one line, no agent started
         check_dataframe(train_df, d.features, d.label, d.input_shape, self.model_fn, self.loss_fn, self.optimizer_fn)
         calibration = self._calibration(model, train_df)
+        if hasattr(self.on_cycle, "start"):  # a tracker (mpca.tracking): params before the run
+            self.on_cycle.start(st)
         run = AgentRun(spark, train_df, model=model, model_fn=self.model_fn, loss_fn=self.loss_fn,
                        optimizer_fn=self.optimizer_fn, settings=st, driver_state=ck.driver_state if ck else None,
                        pending=ck.pending if ck else None)
@@ -208,12 +214,19 @@ class Trainer:
                     # optional throttle: fewer cycles leave more CPU to the agents where cores are shared
                     time.sleep(max(0.0, run.rule.min_cycle_interval_s - (time.time() - rec.t_submit)))
                     c += 1
+        except BaseException:
+            if hasattr(self.on_cycle, "finish"):
+                self.on_cycle.finish(None)  # the tracker's run ends as failed
+            raise
         finally:
             evaluator.close()
             saver.close()
             progress.close()
-        return self._finish(run, model, specs, saver, history, winner, first_cycle, cycles_done, stop_reason, t0,
-                            hx, hy, calibration)
+        result = self._finish(run, model, specs, saver, history, winner, first_cycle, cycles_done, stop_reason, t0,
+                              hx, hy, calibration)
+        if hasattr(self.on_cycle, "finish"):
+            self.on_cycle.finish(result)
+        return result
 
     def _eval_due(self, cycles_in_run: int, last_eval: float) -> bool:
         ev = self.settings.eval

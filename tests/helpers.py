@@ -95,69 +95,18 @@ def bn_cnn():
     return BatchNormCNN()
 
 
-class FaultyAgentCNN(SmallCNN):
-    """A SmallCNN whose agent 1 (first attempt of its task only) injects a real process fault at forward call
-    ``at_call``: ``"hang"`` stops its own process (SIGSTOP) after starting a helper that resumes it
-    (SIGCONT) ``hang_s`` later; ``"kill-executor"`` kills its executor's JVM with SIGKILL."""
+def hanging_cnn_fn():
+    """A fresh SmallCNN model_fn whose agent 1 stops its own process for 8 s once (mpca.bench.faults)."""
+    from mpca.bench.faults import faulty
 
-    def __init__(self, fault: str, at_call: int = 150, hang_s: float = 8.0):
-        super().__init__(8)
-        from pyspark import TaskContext
-
-        tc = TaskContext.get()
-        # the first agent process only: a replacement (a retried task, perhaps in a resubmitted stage where its
-        # attempt number starts at 0 again) must not fire again; the test removes the marker before the run
-        self.armed = tc is not None and tc.partitionId() == 1 and _first_time(fault_marker(fault))
-        self.fault, self.at_call, self.hang_s, self.calls = fault, at_call, hang_s, 0
-
-    def forward(self, x):
-        self.calls += 1
-        if self.armed and self.calls == self.at_call:
-            import os
-            import signal
-            import subprocess
-
-            if self.fault == "hang":
-                subprocess.Popen(["sh", "-c", f"sleep {self.hang_s}; kill -CONT {os.getpid()}"],
-                                 start_new_session=True)
-                os.kill(os.getpid(), signal.SIGSTOP)
-            else:
-                os.kill(executor_jvm_pid(), signal.SIGKILL)
-        return super().forward(x)
+    return faulty(small_cnn, "hang")
 
 
-def fault_marker(fault: str) -> str:
-    return f"/tmp/mpca-test-fault-{fault}"
+def executor_killing_cnn_fn():
+    """A fresh SmallCNN model_fn whose agent 1 kills its executor's JVM once (mpca.bench.faults)."""
+    from mpca.bench.faults import faulty
 
-
-def _first_time(marker: str) -> bool:
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
-
-
-def executor_jvm_pid() -> int:
-    """The executor JVM above this Python worker (worker ← pyspark.daemon ← JVM)."""
-    import os
-
-    pid = os.getpid()
-    for _ in range(4):
-        with open(f"/proc/{pid}/stat") as f:
-            pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"CoarseGrainedExecutorBackend" in f.read():
-                return pid
-    raise RuntimeError("no executor JVM above this process")
-
-
-def hanging_cnn():
-    return FaultyAgentCNN("hang")
-
-
-def executor_killing_cnn():
-    return FaultyAgentCNN("kill-executor")
+    return faulty(small_cnn, "kill-executor")
 
 
 def assert_replayed_handshake_refused(connect_raw, secret: bytes) -> None:

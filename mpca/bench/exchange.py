@@ -82,7 +82,8 @@ def _proc_cpu_s(pid: int) -> float:
         return 0.0
 
 
-def _executor_jvms(app_id: str) -> list:
+def processes_with(*needles: bytes) -> list:
+    """PIDs of the processes whose command line holds any of ``needles`` (from /proc)."""
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -90,9 +91,14 @@ def _executor_jvms(app_id: str) -> list:
                 cmd = f.read()
         except OSError:
             continue
-        if b"CoarseGrainedExecutorBackend" in cmd and app_id.encode() in cmd:
+        if any(n in cmd for n in needles):
             out.append(int(pid))
     return out
+
+
+def _executor_jvms(app_id: str) -> list:
+    executors = set(processes_with(b"CoarseGrainedExecutorBackend"))
+    return [p for p in processes_with(app_id.encode()) if p in executors]
 
 
 class CpuMeter:

@@ -105,6 +105,8 @@ def check_dataframe(df, features: str, label: str, input_shape: Sequence[int], m
 
     row = df.agg(F.count(F.lit(1)).alias("n"), F.min(label).alias("lo"), F.max(label).alias("hi")).collect()[0]
     check_label_range(row["lo"], row["hi"], int(row["n"]), label)
-    sample = df.select(features, label).limit(sample_rows).toArrow()
+    from mpca.compat import to_arrow
+
+    sample = to_arrow(df.select(features, label).limit(sample_rows))
     x, y = tensors(sample, features, label, input_shape)
     check_batch(model_fn, loss_fn, optimizer_fn, x, y, row["hi"], input_shape)

@@ -20,7 +20,10 @@ DATASETS = {"digits": (1, 8, 8), "mnist5k": (1, 28, 28)}
 
 def load_digits() -> Tuple[np.ndarray, np.ndarray]:
     """scikit-learn's 1,797 8×8 handwritten digits, features scaled to [0, 1]."""
-    from sklearn.datasets import load_digits as _load
+    try:
+        from sklearn.datasets import load_digits as _load
+    except ImportError:
+        raise UserError("dataset 'digits' needs scikit-learn (pip install 'mpca[demo]')") from None
 
     d = _load()
     return (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
@@ -59,7 +62,9 @@ def arrow_table(x: np.ndarray, y: np.ndarray):
 def to_dataframe(spark, x: np.ndarray, y: np.ndarray, partitions: int = 4):
     """A DataFrame with ``features: array<float>`` and ``label: bigint`` built through Arrow: a scan of
     local data in at most ``partitions`` slices, no shuffle (an executor lost later holds nothing it needs)."""
-    df = spark.createDataFrame(arrow_table(x, y))
+    from mpca.compat import dataframe_from_arrow
+
+    df = dataframe_from_arrow(spark, arrow_table(x, y))
     return df.coalesce(partitions) if df.rdd.getNumPartitions() > partitions else df
 
 

@@ -88,12 +88,14 @@ class AgentJob:
 
     def start(self, train_df, agents: int, spec: AgentSpec, features: str, label: str, profile) -> None:
         fn = functools.partial(agent_task, spec, features, label)
-        df = balanced(train_df, agents).mapInArrow(fn, SUMMARY_SCHEMA, profile=profile)
+        from mpca.compat import collect_map_in_arrow
+
+        df = balanced(train_df, agents)
 
         def run():
             self.sc.setJobGroup(self.group, f"mpca agents ({agents})", interruptOnCancel=True)
             try:
-                self.summaries = [json.loads(r.summary) for r in df.collect()]
+                self.summaries = [json.loads(r.summary) for r in collect_map_in_arrow(df, fn, SUMMARY_SCHEMA, profile)]
             except BaseException as e:  # noqa: BLE001 - surfaced by the trainer
                 self.error = e
 

@@ -121,6 +121,22 @@ def test_init_from_previous_model_on_parquet_data(tmp_path):
     s2 = json.loads((second / "summary.json").read_text())
     # three more cycles from a trained model stay near its error, far from a fresh model's ~90 %
     assert s2["final_holdout_error"] < 0.3 and s2["final_holdout_error"] < s1["final_holdout_error"] + 0.1
+    # scheduled scoring with the second model: architecture from model.json, one prediction per row
+    scored = tmp_path / "scored.parquet"
+    p = subprocess.run([sys.executable, "-m", "mpca.cli", "predict", "-c", "conf/digits.yaml", "--model",
+                        f"{second}/model.pt", "--data", str(pq), "--out", str(scored)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    import pyarrow.parquet as pqr
+
+    table = pqr.read_table(str(scored))
+    assert table.num_rows == 1797 and "features" not in table.column_names
+    pred, label = table.column("prediction").to_numpy(), table.column("label").to_numpy()
+    assert (pred == label).mean() > 0.7, (pred == label).mean()
+    again = subprocess.run([sys.executable, "-m", "mpca.cli", "predict", "-c", "conf/digits.yaml", "--model",
+                            f"{second}/model.pt", "--data", str(pq), "--out", str(scored)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "--overwrite" in again.stderr  # never overwrites by surprise
 
 
 def test_notebook_executes():
@@ -165,6 +181,7 @@ def test_sigterm_and_ctrl_c_stop_after_the_cycle_and_write_everything(tmp_path, 
     model, final checkpoint and summary; the exit code says which signal (128 + signum)."""
     out = tmp_path / "run"
     name = f"sigtest-{uuid.uuid4().hex[:8]}"
+    workers_before, apps_before = _pyspark_workers(), set(os.listdir(_spark_work())) if os.path.isdir(_spark_work()) else set()
     proc = subprocess.Popen([sys.executable, "-m", "mpca.cli", "train", "-c", "conf/digits.yaml", f"run.output_dir={out}",
                              f"run.name={name}", "stop.target_error=null", "stop.max_seconds=null",
                              "stop.max_cycles=1000", "checkpoint.every_cycles=5", "progress=log"], cwd=ROOT,
@@ -191,3 +208,23 @@ def test_sigterm_and_ctrl_c_stop_after_the_cycle_and_write_everything(tmp_path, 
     while time.time() < deadline and subprocess.run(["pgrep", "-f", name], capture_output=True).returncode == 0:
         time.sleep(1)
     assert subprocess.run(["pgrep", "-f", name], capture_output=True).returncode != 0, "Spark outlived the job"
+    assert len(_pyspark_workers()) <= len(workers_before), "a Python worker outlived the job"
+    new_apps = set(os.listdir(_spark_work())) - apps_before
+    assert new_apps, "no application directory: the test looks in the wrong place"
+    left = [os.path.join(a, e, f) for a in new_apps for e in os.listdir(os.path.join(_spark_work(), a))
+            if os.path.isdir(os.path.join(_spark_work(), a, e))
+            for f in os.listdir(os.path.join(_spark_work(), a, e)) if f.startswith("mpca-")]
+    assert not left, f"sockets or lock files left in the executors' directories: {left}"
+
+
+def _spark_work() -> str:
+    """Where local-cluster executors run: <SPARK_HOME>/work/<app>/<executor>."""
+    import pyspark
+
+    return os.path.join(os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__), "work")
+
+
+def _pyspark_workers() -> list:
+    from mpca.bench.exchange import processes_with
+
+    return processes_with(b"pyspark.daemon", b"pyspark.worker")

@@ -1,6 +1,5 @@
 """Numerical faults: an agent whose loss and parameters turn NaN never poisons the joint model."""
 import math
-import os
 
 import pytest
 import torch
@@ -37,11 +36,6 @@ def test_batchnorm_statistics_are_meaningful_when_agents_keep_theirs(spark):
     assert fit.history["holdout_error"].iloc[-2] < 0.2  # the background evaluations too
 
 
-def _arm(fault):
-    if os.path.exists(helpers.fault_marker(fault)):
-        os.unlink(helpers.fault_marker(fault))
-
-
 def _cycle_seconds(fit):
     return [c.t_end - c.t_submit for c in fit.timeline.cycles]
 
@@ -50,8 +44,7 @@ def test_a_hung_agent_is_left_out_after_a_bounded_wait_and_rejoins(spark, caplog
     """SIGSTOP of agent 1's process for 8 s: the cycles go on without it after agent_wait_s, a warning names
     it, and after SIGCONT it contributes again."""
     caplog.set_level("WARNING", logger="mpca.pipeline")
-    _arm("hang")
-    fit = Trainer(helpers.hanging_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+    fit = Trainer(helpers.hanging_cnn_fn(), helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
                   agent_wait_s=2.0, max_seconds=30, eval_every_cycles=10, spark=spark).fit(dataset_dataframe(spark, "digits"))
     without = [c for c in fit.timeline.cycles if 1 in c.missing]
     assert len(without) >= 3, [c.missing for c in fit.timeline.cycles]  # training went on without it
@@ -68,8 +61,7 @@ def test_a_lost_executor_costs_at_most_two_slow_cycles_and_its_agent_rejoins_fro
     """kill -9 of agent 1's executor JVM: the survivor trains on, Spark's retried agent task starts on the
     replacement executor, waits for the joint model, joins, and contributes again."""
     caplog.set_level("INFO", logger="mpca.pipeline")
-    _arm("kill-executor")
-    fit = Trainer(helpers.executor_killing_cnn, helpers.cross_entropy, helpers.adam, agents=2,
+    fit = Trainer(helpers.executor_killing_cnn_fn(), helpers.cross_entropy, helpers.adam, agents=2,
                   input_shape=(1, 8, 8), max_seconds=75, eval_every_cycles=10, spark=spark).fit(
         dataset_dataframe(spark, "digits"))
     cycles = fit.timeline.cycles

@@ -48,7 +48,9 @@ def test_retention_keeps_newest(tmp_path):
 
 def test_final_model_loads_in_plain_torch(tmp_path):
     m = SmallCNN(8)
-    path = checkpoint.save_model(str(tmp_path / "model.pt"), m)
+    from mpca.ml.spec import save_model
+
+    path = save_model(str(tmp_path / "model.pt"), m)
     state = torch.load(path, weights_only=True)  # plain PyTorch, no mpca
     fresh = SmallCNN(8)
     fresh.load_state_dict(state)
@@ -106,7 +108,7 @@ def test_kill_9_of_the_writer_never_leaves_a_torn_checkpoint(tmp_path):
         p.send_signal(signal.SIGKILL)
         p.wait()
         p.stdout.close()
-        store = checkpoint._Store(loc)
+        store = checkpoint.open_store(loc)
         manifests = sorted(n for n in store.list() if checkpoint._NAME.match(n))
         for n in manifests:  # every manifest on disk names a complete, matching data file
             ck = checkpoint._load(store, n)

@@ -134,7 +134,7 @@ def _bad_inputs(tmp):
         (train + ["data.dataset=null", f"data.path={tmp}/missing.parquet"], "data.path"),
         (train + [f"checkpoint.init_from={tmp}/nope.pt"], "checkpoint.init_from"),
         (train + ["checkpoint.dir=nosuch://bucket/ck"], "not reachable"),
-        (train + ["run.output_dir=hdfs://nn/x"], "local directory"),
+        (train + ["run.output_dir=nosuch://nn/x"], "unknown scheme 'nosuch'"),
         (train + ["algorithm.name=ddp", "algorithm.timeout_s=-1"], "'algorithm.timeout_s'"),
         (train + ["cluster.service_port=70000"], "'cluster.service_port'"),
         (train + ["cluster.master=sc://spark-connect:15002"], "Spark Connect"),

@@ -40,6 +40,10 @@ def test_spark_connect_is_refused():
     Connect = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})
     with pytest.raises(UserError, match="Spark Connect"):
         require_classic(Connect())
+    from mpca.trainer import Trainer
+
+    with pytest.raises(UserError, match="Spark Connect"):  # by the Trainer, before it touches the data
+        Trainer(lambda: None, lambda o, y: o, lambda p: None, max_cycles=1, spark=Connect()).fit(df=None)
 
 
 def test_overlap_is_computed_from_timestamps():
@@ -64,3 +68,44 @@ def test_exchange_work_runs_niced_without_renicing_the_worker():
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
     with pytest.raises(KeyError):
         _run_niced(lambda: {}["x"])
+
+
+def _pipeline(**kw):
+    import torch
+
+    from mpca.algorithm.mpca import MPCA
+    from mpca.runtime.pipeline import ExchangePipeline
+
+    rule = MPCA(shards=1).driver_rule([torch.zeros(4)], agents=2)
+    return ExchangePipeline(None, "r", b"s", rule, [0, 1], torch.float32, **kw)
+
+
+def _answered(*agents, joining=()):
+    rec = empty_record()
+    for a in agents:
+        rec["agents"][a] = AgentReport(agent=a, t_yield=1.0, joining=a in joining)
+    return rec
+
+
+def test_absent_agents_are_named_once_and_fewer_than_min_agents_fail_the_run_after_the_timeout(caplog):
+    from mpca.errors import RunFailedError
+
+    p = _pipeline(min_agents=2, agent_lost_timeout_s=0.3)
+    rec = CycleRecord(0, 0, None, t_submit=0.0)
+    p._track_agents(rec, _answered(0))
+    assert rec.missing == [1] and list(p.absent) == [1] and "agent 1 did not answer" in caplog.text
+    import time
+
+    time.sleep(0.35)
+    with pytest.raises(RunFailedError, match=r"only 1 of 2 agents answered .*absent: \[1\].*min_agents=2"):
+        p._track_agents(CycleRecord(1, 0, None, t_submit=0.0), _answered(0))
+
+
+def test_a_returning_agent_is_counted_again_and_a_replacement_waits_to_join():
+    p = _pipeline(min_agents=1)
+    p._track_agents(CycleRecord(0, 0, None, t_submit=0.0), _answered(0))
+    assert 1 in p.absent
+    rec = CycleRecord(1, 0, None, t_submit=0.0)
+    p._track_agents(rec, _answered(0, 1, joining=[1]))
+    assert not p.absent and p.joining == {1} and rec.missing == [1]  # answers, but contributes nothing yet
+    assert list(p._counted[0]) == [0, 1] and list(p._counted[1]) == []  # only counted contributions are confirmed

@@ -1,0 +1,140 @@
+"""Faults injected into a real run, and what they cost (a command; the tests use the same injection).
+
+    python -m mpca.bench.faults [-c conf/digits.yaml] [--faults none,hang,kill-executor] [--target 0.05]
+
+Each fault hits agent 1 once, ``--at-call`` forward passes into its training, from inside its own
+process: ``hang`` stops the process (SIGSTOP) and a helper resumes it (SIGCONT) ``--hang-s`` later;
+``kill-executor`` kills its executor's JVM (SIGKILL); ``none`` is the unfaulted reference.  Prints per
+fault the time to ``--target``, the final error, how many cycles ran without agent 1, the longest cycle,
+and when the agent was back (answering again, or a replacement joined).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import signal
+import subprocess
+import tempfile
+import uuid
+from typing import Callable
+
+from torch import nn
+
+FAULTS = ("none", "hang", "kill-executor")
+
+
+class FaultyAgent(nn.Module):
+    """``inner`` with a fault fired once, by the first process of agent 1 that gets ``marker`` (a file
+    created atomically: a replacement of a killed agent, in any stage attempt, does not fire again)."""
+
+    def __init__(self, inner: nn.Module, fault: str, marker: str, agent: int = 1, at_call: int = 150,
+                 hang_s: float = 8.0):
+        super().__init__()
+        from pyspark import TaskContext
+
+        self.inner = inner
+        tc = TaskContext.get()
+        self.armed = fault != "none" and tc is not None and tc.partitionId() == agent and _first(marker)
+        self.fault, self.at_call, self.hang_s, self.calls = fault, at_call, hang_s, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.armed and self.calls == self.at_call:
+            if self.fault == "hang":
+                subprocess.Popen(["sh", "-c", f"sleep {self.hang_s}; kill -CONT {os.getpid()}"],
+                                 start_new_session=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif self.fault == "kill-executor":
+                os.kill(executor_jvm_pid(), signal.SIGKILL)
+        return self.inner(x)
+
+
+def _first(marker: str) -> bool:
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def executor_jvm_pid() -> int:
+    """The executor JVM above this Python worker (worker ← pyspark.daemon ← JVM)."""
+    pid = os.getpid()
+    for _ in range(4):
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"CoarseGrainedExecutorBackend" in f.read():
+                return pid
+    raise RuntimeError("no executor JVM above this process")
+
+
+def _build(model_fn: Callable, fault: str, marker: str, at_call: int, hang_s: float) -> nn.Module:
+    return FaultyAgent(model_fn(), fault, marker, at_call=at_call, hang_s=hang_s)
+
+
+def faulty(model_fn: Callable, fault: str, at_call: int = 150, hang_s: float = 8.0, marker: str = "") -> Callable:
+    """A picklable model_fn whose agent 1 injects ``fault`` once per ``marker`` (a fresh one by default)."""
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}")
+    marker = marker or os.path.join(tempfile.gettempdir(), f"mpca-fault-{uuid.uuid4().hex}")
+    return functools.partial(_build, model_fn, fault, marker, at_call, hang_s)
+
+
+def recovery(fit, agent: int = 1) -> dict:
+    """Cycles without ``agent``, the longest cycle, and seconds from its first absence to its return."""
+    cycles = fit.timeline.cycles
+    without = [c for c in cycles if agent in c.missing]
+    back = None
+    if without:
+        first = cycles.index(without[0])
+        later = [c for c in cycles[first:] if agent in c.joined or (agent in c.agents and agent not in c.missing)]
+        back = later[0].t_end - without[0].t_submit if later else math.nan
+    return {"cycles_without": len(without), "longest_cycle_s": max(c.t_end - c.t_submit for c in cycles),
+            "back_after_s": back}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-c", "--config", action="append", default=[])
+    ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument("--target", type=float, default=0.05)
+    ap.add_argument("--max-seconds", type=float, default=75.0)
+    ap.add_argument("--at-call", type=int, default=150)
+    ap.add_argument("--hang-s", type=float, default=8.0)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    from mpca import job
+    from mpca.bench.compare import time_to
+    from mpca.config import load_config, settings_from
+    from mpca.trainer import Trainer
+
+    cfg = load_config(args.config or ["conf/digits.yaml"], args.overrides)
+    spark, _ = job._session(cfg)
+    rows = []
+    try:
+        for fault in args.faults.split(","):
+            model_fn, loss_fn, optimizer_fn = job.training_functions(cfg)
+            settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"},
+                                     stop={"max_seconds": args.max_seconds}, progress="off",
+                                     eval={"every_cycles": None, "every_seconds": 1.0},
+                                     checkpoint={"dir": None, "init_from": cfg.checkpoint.init_from})
+            fit = Trainer(faulty(model_fn, fault, args.at_call, args.hang_s), loss_fn, optimizer_fn, settings,
+                          spark=spark).fit(job._data(spark, cfg))
+            rows.append({"fault": fault, "time_to_target_s": time_to(fit.history, args.target),
+                         "final_error": fit.final.error, **recovery(fit)})
+            print(rows[-1], flush=True)
+    finally:
+        spark.stop()
+    print(f"\n{'fault':<14} {'t(' + format(100 * args.target, 'g') + '%) s':>9} {'final %':>8} {'cycles w/o':>10} "
+          f"{'longest cycle s':>15} {'back after s':>12}")
+    for r in rows:
+        print(f"{r['fault']:<14} {r['time_to_target_s']:>9.1f} {100 * r['final_error']:>8.2f} {r['cycles_without']:>10} "
+              f"{r['longest_cycle_s']:>15.2f} {r['back_after_s'] if r['back_after_s'] is None else round(r['back_after_s'], 1)!s:>12}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
