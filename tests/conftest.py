@@ -8,7 +8,7 @@ import os
 import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-DEFAULT_SHAPE = (2, 2, 0, False)
+DEFAULT_SHAPE = (2, 2, 0, False, 1)
 SECURE_CONF = {  # Spark's own authentication and encryption (RPC, shuffle/broadcast blocks, Python broadcasts)
     "spark.authenticate": "true",
     "spark.authenticate.secret": "mpca-test-secret",
@@ -23,11 +23,12 @@ def _shape(item):
     if m is None:
         return DEFAULT_SHAPE if "spark" in getattr(item, "fixturenames", ()) else None
     kw = m.kwargs
-    return (kw.get("executors", 2), kw.get("cores", 2), kw.get("fake_gpus", 0), kw.get("secure", False))
+    return (kw.get("executors", 2), kw.get("cores", 2), kw.get("fake_gpus", 0), kw.get("secure", False),
+            kw.get("agents_per_executor", 1))
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "cluster(executors, cores, fake_gpus, secure): local-cluster the test needs")
+    config.addinivalue_line("markers", "cluster(executors, cores, fake_gpus, secure, agents_per_executor): local-cluster the test needs")
     config.addinivalue_line("markers", "standalone: starts its own Spark in a subprocess (the shared one is stopped)")
 
 
@@ -48,9 +49,10 @@ def _session_for(shape):
     if _state["shape"] != shape:
         if _state["spark"] is not None:
             _state["spark"].stop()
-        executors, cores, gpus, secure = shape
+        executors, cores, gpus, secure, per = shape
         _state["spark"] = local_session(executors, cores, 1024, app_name=f"mpca-tests-{executors}x{cores}g{gpus}",
-                                        fake_gpus_per_executor=gpus, conf=SECURE_CONF if secure else None)
+                                        fake_gpus_per_executor=gpus, conf=SECURE_CONF if secure else None,
+                                        agents_per_executor=per)
         _state["spark"].sparkContext.setLogLevel("ERROR")
         _state["shape"] = shape
     return _state["spark"]

@@ -381,13 +381,13 @@ def _np_dtype(dtype: torch.dtype):
 
 
 def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
-              gpu_addresses: Optional[List[str]] = None, attempt: int = 0) -> dict:
+              gpu_addresses: Optional[List[str]] = None, attempt: int = 0, slot: Optional[str] = None) -> dict:
     """Run one agent in this Spark task until the driver says stop; return its summary.
 
     Takes an exclusive lock per (executor, device slot) so that a retried agent
     task can never share its executor slot with a live agent.
     """
-    slot = "gpu" + "-".join(gpu_addresses) if gpu_addresses else "cpu"
+    slot = "gpu" + "-".join(gpu_addresses) if gpu_addresses else f"cpu{slot or ''}"  # the agentslot address
     lock_path = f"mpca-{spec.run_id}-slot-{slot}.lock"
     lock_fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o600)
     try:

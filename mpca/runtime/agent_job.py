@@ -36,12 +36,13 @@ def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.
     agent_id = tc.partitionId()
     res = tc.resources()
     gpus = list(res["gpu"].addresses) if "gpu" in res else []
+    slots = list(res["agentslot"].addresses) if "agentslot" in res else []
     torch.set_num_threads(max(1, tc.cpus()))
     try:
         x, y = batches_to_tensors(batches, features, label, spec.input_shape)
         # a retry within the stage attempt is a replacement; one in a resubmitted stage (lost shuffle input)
         # restarts at attempt 0, and the driver recognises it by its new process (see ExchangePlan.pids)
-        summary = run_agent(spec, agent_id, x, y, gpus, attempt=tc.attemptNumber())
+        summary = run_agent(spec, agent_id, x, y, gpus, attempt=tc.attemptNumber(), slot=slots[0] if slots else None)
     except Exception:  # reported, not raised: a user error must not be retried maxFailures times
         summary = {"agent": agent_id, "error": f"agent {agent_id} could not start:\n{traceback.format_exc()}"}
     summary["attempt"] = tc.attemptNumber()

@@ -2,7 +2,7 @@
 
 Agents are pinned through Spark's resource scheduling: one agent per GPU when
 the executors have GPUs (``spark.executor.resource.gpu.*``), otherwise one per
-executor through a custom resource ``agentslot`` of amount 1 per executor, so
+address of a custom resource ``agentslot`` (amount N per executor: N agents), so
 that Spark's retry of a lost agent task waits for a fresh executor instead of
 stacking two agents on a survivor.  Exchange tasks need no resource beyond one
 core, hence the paper's rule of 2 cores per agent (§5.1).
@@ -63,16 +63,18 @@ echo "{{\\"name\\":\\"{name}\\",\\"addresses\\":[$addrs]}}"
 
 
 def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app_name: str = "mpca",
-                  fake_gpus_per_executor: int = 0, conf: Optional[Dict[str, str]] = None):
+                  fake_gpus_per_executor: int = 0, conf: Optional[Dict[str, str]] = None,
+                  agents_per_executor: int = 1):
     """A ``local-cluster[executors, cores, memory_mb]`` session (several executor JVMs) ready for agents.
 
     Executors run this interpreter (``PYSPARK_PYTHON`` and ``spark.pyspark.python``), every executor has
-    one ``agentslot``; with ``fake_gpus_per_executor`` each executor also gets that many fake GPUs with
-    addresses distinct across executors.
+    ``agents_per_executor`` ``agentslot`` addresses (give it 2 cores per agent); with
+    ``fake_gpus_per_executor`` each executor also gets that many fake GPUs with addresses distinct across
+    executors.
     """
     from pyspark.sql import SparkSession
 
-    if executors < 1 or cores < 1 or memory_mb < 256:
+    if executors < 1 or cores < 1 or memory_mb < 256 or agents_per_executor < 1:
         raise UserError(f"local_session needs executors >= 1, cores >= 1, memory_mb >= 256 "
                         f"(got {executors}, {cores}, {memory_mb})")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -84,9 +86,9 @@ def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app
          .config("spark.ui.enabled", "false")
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.executor.memory", f"{memory_mb}m"))
-    slot = _discovery_script(AGENT_SLOT, 1, distinct=False)
+    slot = _discovery_script(AGENT_SLOT, agents_per_executor, distinct=False)
     for level in ("worker", "executor"):
-        b = b.config(f"spark.{level}.resource.{AGENT_SLOT}.amount", "1")
+        b = b.config(f"spark.{level}.resource.{AGENT_SLOT}.amount", str(agents_per_executor))
         b = b.config(f"spark.{level}.resource.{AGENT_SLOT}.discoveryScript", slot)
     if fake_gpus_per_executor:
         gpu = _discovery_script("gpu", fake_gpus_per_executor, distinct=True)
@@ -146,8 +148,9 @@ def inspect_cluster(sc, wait_for: int, wait_s: float = 60.0) -> ClusterShape:
 
 
 def agents_per_executor(shape: ClusterShape, use_gpus: bool) -> int:
-    """How many agents one executor hosts: one per GPU (or one per executor), 2 cores each."""
-    per = shape.gpus_per_executor if use_gpus else 1
+    """How many agents one executor hosts: one per GPU (or per ``agentslot`` address, one without that
+    resource), 2 cores each."""
+    per = shape.gpus_per_executor if use_gpus else max(1, shape.agent_slots_per_executor)
     return min(per, shape.cores_per_executor // 2)
 
 

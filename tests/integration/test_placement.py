@@ -46,3 +46,18 @@ def test_runs_with_spark_authentication_and_encryption(spark):
     assert fit.final.error < 0.5
     starts = [c.t_submit for c in fit.timeline.cycles]
     assert min(b - a for a, b in zip(starts, starts[1:])) >= 0.75  # the throttle held
+
+
+@pytest.mark.cluster(executors=2, cores=4, agents_per_executor=2)
+def test_executors_with_two_agent_slots_hold_two_agents_each_with_one_job_per_cycle(spark):
+    """4-core executors with agentslot amount 2: four agents on two executors, each on its own slot; every
+    exchange task finds an agent beside it, so a cycle costs one Spark job (no corrective jobs)."""
+    from collections import Counter
+
+    df = dataset_dataframe(spark, "digits")
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=4, input_shape=(1, 8, 8),
+                  max_cycles=12, eval_every_cycles=100, spark=spark).fit(df)
+    assert sorted(Counter(s["executor"] for s in fit.agents).values()) == [2, 2], fit.agents
+    jobs = fit.extra["jobs"]
+    assert (jobs["cycle"] + jobs["correction"]) / fit.cycles <= 1.05, jobs
+    assert all(sorted(c.agents) == [0, 1, 2, 3] for c in fit.timeline.cycles)
