@@ -162,7 +162,7 @@ class Settings(_Strict):
     eval: EvalSection = Field(default_factory=EvalSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
-    progress: Literal["auto", "bar", "log", "off"] = "off"
+    progress: Literal["auto", "bar", "log", "notebook", "off"] = "auto"
     seed: int = 0
 
     @field_validator("algorithm", mode="before")
@@ -215,7 +215,7 @@ class JobConfig(Settings):
     model: ModelSection = Field(default_factory=ModelSection)
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     cluster: JobClusterSection = Field(default_factory=JobClusterSection)
-    progress: Literal["auto", "bar", "log", "off"] = "auto"
+    progress: Literal["auto", "bar", "log", "notebook", "off"] = "auto"
     tracking: TrackingSection = Field(default_factory=TrackingSection)
 
     @model_validator(mode="before")

@@ -1,4 +1,4 @@
-"""Live progress on the driver: one updating line on a terminal, periodic log lines otherwise."""
+"""Live progress on the driver: one updating line on a terminal or in a notebook, periodic log lines otherwise."""
 from __future__ import annotations
 
 import logging
@@ -17,17 +17,26 @@ def _fmt_eta(seconds: Optional[float]) -> str:
     return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+def in_notebook() -> bool:
+    """Whether this driver is a Jupyter/Databricks notebook kernel (its stderr is no terminal, and log lines
+    at INFO are not shown there by default)."""
+    shell = sys.modules.get("IPython") and getattr(sys.modules["IPython"], "get_ipython", lambda: None)()
+    return shell is not None and type(shell).__name__ in ("ZMQInteractiveShell", "DatabricksShell")
+
+
 class Progress:
-    """``mode``: ``bar`` (updating line), ``log`` (a line every ``log_every_s``), ``off``, or ``auto``
-    (``bar`` on a terminal, ``log`` otherwise — spark-submit logs, CI)."""
+    """``mode``: ``bar`` (updating line), ``log`` (a line every ``log_every_s``), ``notebook`` (an updating
+    output line in the cell), ``off``, or ``auto`` (``notebook`` in a notebook kernel, ``bar`` on a
+    terminal, ``log`` otherwise — spark-submit logs, CI)."""
 
     def __init__(self, mode: str = "auto", target_error: Optional[float] = None, log_every_s: float = 10.0,
                  stream=None):
         self.stream = stream or sys.stderr
         if mode == "auto":
-            mode = "bar" if getattr(self.stream, "isatty", lambda: False)() else "log"
-        if mode not in ("bar", "log", "off"):
-            raise ValueError(f"progress mode must be auto, bar, log or off, got {mode!r}")
+            mode = "notebook" if in_notebook() else "bar" if getattr(self.stream, "isatty", lambda: False)() else "log"
+        if mode not in ("bar", "log", "notebook", "off"):
+            raise ValueError(f"progress mode must be auto, bar, log, notebook or off, got {mode!r}")
+        self._handle = None  # the notebook's output line
         self.mode = mode
         self.target = target_error
         self.log_every_s = log_every_s
@@ -64,6 +73,13 @@ class Progress:
         if self.mode == "bar":
             self.stream.write("\r\033[K" + self.line())
             self.stream.flush()
+        elif self.mode == "notebook":
+            from IPython.display import display
+
+            if self._handle is None:
+                self._handle = display(self.line(), display_id=True)
+            else:
+                self._handle.update(self.line())
         elif self.mode == "log" and (error is not None or time.time() - self._last_log >= self.log_every_s):
             self._last_log = time.time()
             log.info(self.line())

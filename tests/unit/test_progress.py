@@ -44,3 +44,31 @@ def test_summary_files_are_strict_json(tmp_path):
     data = json.loads(open(path).read(), parse_constant=refuse)
     assert data == {"error": None, "t": {"0.1": None}, "ok": [1.5, None]}
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_auto_in_a_notebook_kernel_updates_one_output_line(monkeypatch):
+    """A Jupyter/Databricks kernel: stderr is no terminal and INFO logs are hidden, so progress goes to one
+    output line of the cell, updated in place (IPython's display handle)."""
+    import sys
+    import types
+
+    class ZMQInteractiveShell:  # the kernel's shell class, by name
+        pass
+
+    shown = []
+
+    class Handle:
+        def update(self, obj):
+            shown.append(("update", obj))
+
+    def display(obj, display_id=False):
+        shown.append(("display", obj))
+        return Handle()
+
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=ZMQInteractiveShell))
+    monkeypatch.setitem(sys.modules, "IPython.display", types.SimpleNamespace(display=display))
+    p = Progress("auto", target_error=0.05, stream=io.StringIO())
+    assert p.mode == "notebook"
+    p.update(1, 0.5, 100.0)
+    p.update(2, 0.2, 100.0)
+    assert [k for k, _ in shown] == ["display", "update"] and "cycle 2" in shown[-1][1]
