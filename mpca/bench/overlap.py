@@ -4,8 +4,9 @@
 
 Uses the Spark master of ``$MPCA_SPARK_MASTER`` (inside ``python -m mpca.bench.netcluster``) or a
 local-cluster with 3 task slots per executor.  Prints one JSON line per exchange cycle — when each agent's
-reduce task started and yielded, when its deliver task started (Spark had downloaded the broadcast by then)
-and handed the shard over, whether the reduce completed before the broadcast arrived, and inside the
+reduce task started and yielded, when the broadcast fetch on its executor started (Spark's own task events:
+launch + deserialization of the deliver task, :mod:`mpca.runtime.task_events`) and ended (the deliver
+task's Python code started), when the shard was handed over, whether the reduce completed before the broadcast arrived, and inside the
 emulated cluster the driver link's utilisation each way (its interface counters) — then one summary line
 with B and R, the medians of jobs that only broadcast or only reduce one shard, and the cycle's ratio to
 max(B, R) (the 3-phase pipeline's claim: close to 1).
@@ -87,6 +88,7 @@ def main(argv=None) -> int:
     from mpca.config import settings_from
     from mpca.data.datasets import to_dataframe
     from mpca.runtime.run import AgentRun
+    from mpca.runtime.task_events import TaskEvents
 
     spark = _session(args.agents)
     spark.sparkContext.setLogLevel("ERROR")
@@ -97,6 +99,7 @@ def main(argv=None) -> int:
         fn = flat_model_fn(args.params)
         settings = settings_from(agents=args.agents, input_shape=(10,), batch_size=16, holdout=0.0,
                                  executor_wait_s=120, algorithm=MPCA(shards=3, alpha=AlphaSchedule.constant(0.05)))
+        events = TaskEvents(spark.sparkContext)  # Spark's own task launch / deserialization times
         with LinkSampler() as link, AgentRun(spark, df, model=fn(), model_fn=fn, loss_fn=cross_entropy,
                                              optimizer_fn=sgd, settings=settings) as run:
             pipe, K = run.pipeline, args.agents
@@ -110,6 +113,7 @@ def main(argv=None) -> int:
                 bc.destroy(blocking=False)
                 plan = pipe._plan(f"alone-r{i}", "reduce", reduce_shard=i % 3, params={})
                 R.append(_timed(lambda: pipe.run_parts([(plan, K, None)], "mpca: reduce alone", "control")))
+        events.close()
         steady = []
         for c in cycles:
             row = {"cycle": c.cycle, "cycle_s": c.t_end - c.t_submit, "reduce_shard": c.reduce_shard,
@@ -120,6 +124,12 @@ def main(argv=None) -> int:
                                   "deliver_start": (c.delivered[a].t_start - c.t_submit) if a in c.delivered else None,
                                   "handed_over": ((c.delivered[a].t_bc or 0) - c.t_submit) if a in c.delivered else None}
                               for a, r in c.agents.items()}}
+            # the broadcast fetch per agent's executor: start from Spark's task events, end when the deliver
+            # task's Python code began; and whether the agent's shard went up while that fetch was running
+            windows = events.fetch_windows(c, deliver_from=K if pipe.split_tasks else 0)
+            row["fetch"] = {a: [w[0] - c.t_submit, w[1] - c.t_submit] for a, w in windows.items()}
+            row["reduce_during_fetch"] = any(w[0] <= (c.agents[a].t_yield or 0) <= w[1]
+                                             for a, w in windows.items() if a in c.agents)
             moved = link.between(c.t_submit, c.t_end) if link.ok else None
             if moved and rate:
                 tx, rx, dt = moved
@@ -133,6 +143,7 @@ def main(argv=None) -> int:
                        "shard_mb": len(shard) / 1e6, "agents": K, "split_tasks": pipe.split_tasks, "cycle_s": cyc,
                        "B_s": b, "R_s": r, "cycle_over_max_BR": cyc / max(b, r), "cycle_over_B_plus_R": cyc / (b + r),
                        "reduce_before_broadcast": sum(x["reduce_before_broadcast"] for x in steady),
+                       "reduce_during_fetch": sum(x["reduce_during_fetch"] for x in steady),
                        "steady_cycles": len(steady)}
             for k in ("driver_tx_util", "driver_rx_util"):
                 vals = [x[k] for x in steady if k in x]

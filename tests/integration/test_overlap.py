@@ -39,3 +39,27 @@ def test_with_one_exchange_slot_one_task_per_agent_does_both(spark):
     steady = [c for c in fit.timeline.cycles if c.bcast_shard is not None]
     assert steady and not any(c.reduce_before_broadcast() or c.reduce_started_before_broadcast() for c in steady)
     assert all(c.delivered[a].t_start == c.agents[a].t_start for c in steady for a in c.agents)
+
+
+@pytest.mark.cluster(executors=2, cores=3)
+def test_spark_task_events_show_the_broadcast_fetch_and_the_reduce_inside_it(spark):
+    """A Python SparkListener (mpca.runtime.task_events) records each deliver task's launch and
+    deserialization: the broadcast fetch on an executor starts there (Spark's clock) and ends when the task's
+    Python code starts; the reduce's yield falls inside that window in some cycles (overlap on the wire)."""
+    from mpca.runtime.task_events import TaskEvents
+
+    events = TaskEvents(spark.sparkContext)
+    try:
+        fit = _big_model_fit(spark, 8)
+    finally:
+        events.close()
+    steady = [c for c in fit.timeline.cycles if c.bcast_shard is not None and c.corrections == 0]
+    assert steady
+    inside = 0
+    for c in steady:
+        windows = events.fetch_windows(c, deliver_from=2)  # reduce tasks first (indices 0, 1), then deliver
+        assert sorted(windows) == sorted(c.delivered), (c.cycle, windows)
+        for a, (start, end) in windows.items():
+            assert c.t_submit - 0.05 <= start <= end + 0.05, (c.cycle, a, start - c.t_submit, end - c.t_submit)
+            inside += start <= c.agents[a].t_yield <= end
+    assert inside >= 1, "no reduce yielded while a broadcast was being fetched"
