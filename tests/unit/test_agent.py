@@ -291,3 +291,15 @@ def test_the_run_secret_never_shows_in_a_repr():
     secret = b"\x8f" * 32
     for obj in (ExchangePlan("r", secret, "t", "reduce"), a.spec.__class__(**{**a.spec.__dict__, "secret": secret})):
         assert repr(secret) not in repr(obj) and "secret" not in repr(obj)
+
+
+def test_an_agent_the_driver_knows_as_another_process_stops_and_waits_for_the_joint_model():
+    """A replacement Spark started at attempt 0 (a resubmitted stage): the driver sees a new process for the
+    agent and says so in the yield; the agent contributes nothing and trains no more until it joins."""
+    a = _agent()
+    _stepped(a, 2)
+    header, _ = a.handle({"op": "yield", "shard": 0, "cycle": 4, "rejoin": True}, b"")
+    assert header["weight"] == 0 and header["joining"] and a.joining
+    joint = torch.zeros(a.spec.layout.total_numel)
+    a.handle({"op": "join", "cycle": 4, "params": {"alpha": 0.1}}, bytearray(joint.numpy().tobytes()))
+    assert not a.joining and torch.equal(torch.cat([a.shards.read(s) for s in range(2)]), joint)
