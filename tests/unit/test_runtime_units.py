@@ -109,3 +109,14 @@ def test_a_returning_agent_is_counted_again_and_a_replacement_waits_to_join():
     p._track_agents(rec, _answered(0, 1, joining=[1]))
     assert not p.absent and p.joining == {1} and rec.missing == [1]  # answers, but contributes nothing yet
     assert list(p._counted[0]) == [0, 1] and list(p._counted[1]) == []  # only counted contributions are confirmed
+
+
+def test_an_executor_error_is_reduced_to_its_python_exception_line():
+    from mpca.runtime.agent_job import executor_cause
+
+    msg = ("An error occurred while calling o123.collectToPython.\n: org.apache.spark.SparkException: Job aborted "
+           "due to stage failure: Task 1 in stage 9.0 failed 4 times\norg.apache.spark.api.python.PythonException: "
+           "Traceback (most recent call last):\n  File \"/x/worker.py\", line 1, in main\n"
+           "ModuleNotFoundError: No module named 'team_models'\n\tat org.apache.spark.api.python.BasePythonRunner")
+    assert executor_cause(msg) == "on an executor: ModuleNotFoundError: No module named 'team_models'"
+    assert executor_cause("Job 3 cancelled\nmore") == "Job 3 cancelled"
