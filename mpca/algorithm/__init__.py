@@ -27,7 +27,7 @@ from mpca.algorithm.sharding import BoundShards, Segment, ShardLayout, TensorSpe
 # the built-in algorithms register themselves on import
 from mpca.algorithm import mpca as _mpca, single as _single, sync as _sync  # noqa: E402,F401  isort: skip
 from mpca.algorithm import easgd as _easgd, diloco as _diloco, ddp as _ddp  # noqa: E402,F401  isort: skip
-from mpca.algorithm import hermans as _hermans  # noqa: E402,F401  isort: skip
+from mpca.algorithm import hermans as _hermans, rudra as _rudra  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "AgentContext", "AgentRule", "Algorithm", "AlphaSchedule", "BetaSchedule", "BoundShards", "DriverRule",

@@ -113,6 +113,22 @@ def test_hermans_parameter_server_rules_replay_from_the_servers_history(spark, n
         assert any(s > 0 for _, s in order)  # some commits were stale: asynchronous for real
 
 
+@pytest.mark.parametrize("name", ["rudra-hardsync", "rudra-softsync", "rudra-async"])
+def test_rudra_protocols_train_digits_and_record_staleness(spark, name):
+    """Learners push one gradient per step to the driver's server and take its weights; hardsync's
+    gradients are never stale, the asynchronous protocols' sometimes are."""
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+                  algorithm={"name": name, "lr": 0.1}, max_seconds=10, eval_every_seconds=2,
+                  spark=spark).fit(dataset_dataframe(spark, "digits"))
+    server = fit.extra["driver"]
+    sigmas = [s for _, s, _ in server.history]
+    assert len(sigmas) > 20 and fit.final.error < 0.6, (len(sigmas), fit.final.error)
+    if name == "rudra-hardsync":
+        assert max(sigmas) == 0.0
+    else:
+        assert max(sigmas) > 0.0
+
+
 def test_diloco_outer_step_is_nesterov_on_the_averaged_pseudo_gradient(spark):
     """After H local steps agent i holds t_i, so round r's mean pseudo-gradient is x̃ − mean(t_0, t_1); the
     joint model after N rounds is N steps of torch's own SGD(nesterov) on those gradients."""

@@ -20,7 +20,7 @@ MISTAKES = [
     (["data.dataset=null"], "give exactly one of data.dataset"),
     (["algorithm.alpha.peak=2"], "alpha.peak must lie in [0, 1]"),
     (["algorithm.mpca.alpha.peak=2"], "alpha.peak must lie in [0, 1]"),
-    (["algorithm.name=sgd"], "unknown algorithm 'sgd'; choose one of adag, aeasgd, agn, ddp, diloco, downpour, dynsgd, easgd, mpca, single, sync"),
+    (["algorithm.name=sgd"], "unknown algorithm 'sgd'; choose one of adag, aeasgd, agn, ddp, diloco, downpour, dynsgd, easgd, mpca, rudra-async, rudra-hardsync, rudra-softsync, single, sync"),
     (["algorithm.name=sync", "algorithm.every=0"], "'algorithm.every'"),
     (["algorithm.name=sync", "algorithm.shards=3"], "unknown configuration key 'algorithm.shards'"),
     (["algorithm.name=single"], "algorithm 'single' trains one agent"),

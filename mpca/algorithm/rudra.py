@@ -1,0 +1,179 @@
+"""Rudra (Gupta, Zhang and Wang 2016): learners push one mini-batch gradient each, with the timestamp of
+the weights they used, to a parameter server on the driver, and pull its weights back.
+
+The server keeps the weights θ and their timestamp ts.  A gradient computed on weights of timestamp j and
+applied in the update that advances ts from i to i + 1 has staleness σ = i − j; the update's ⟨σ⟩ is the
+mean over its gradients (the paper's vector clock, Eq. 2), kept in ``history`` per update.  Protocols:
+
+* ``rudra-hardsync`` — every learner's gradient of the current ts is averaged into one update; a learner
+  waits for that update (σ ≡ 0).  Learning rate α0·√(λμ/B) (μ the mini-batch, B the reference batch,
+  ``reference_batch``; §V-B) — the configurations with the same μλ product then train alike.
+* ``rudra-softsync`` with ``n`` — the server updates after c = ⌊λ/n⌋ gradients, averaged; a learner pushes
+  and pulls the current weights without waiting (⟨σ⟩ ≈ n).  α = α0/⟨σ⟩ (Eq. 6; ``modulate``).
+* ``rudra-async`` — every gradient is applied on arrival (c = 1), as ``rudra-softsync`` with n = λ.
+
+The learner's own optimizer does not act: its step is replaced by the server's weights.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import threading
+from typing import List, Literal, Optional
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from mpca.algorithm.base import AgentRule, Algorithm, DriverRule
+from mpca.algorithm.registry import register
+from mpca.algorithm.sharding import exchanged_tensors
+
+
+class RudraLearner(AgentRule):
+    """After each backward pass: push the gradient with the weights' timestamp, pull the server's weights."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        if ctx.service is None:
+            raise ValueError("Rudra needs the driver's parameter service")
+        n = len(ctx.shards.layout.specs)
+        self._tensors = [t for _, t in exchanged_tensors(ctx.model, "average")][:n]
+        self.ts = 0
+        self.pushes = 0
+        self._pulled: Optional[torch.Tensor] = None
+
+    def _gradient(self) -> torch.Tensor:
+        grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in self._tensors]
+        return self.ctx.shards.layout.bind([g.detach() for g in grads]).read(0)
+
+    def after_backward(self) -> None:
+        header = {"op": "push", "agent": self.ctx.agent_id, "ts": self.ts, **self.ctx.stats()}
+        grad = self._gradient()
+        reply, payload = self.ctx.service.request(header, grad.numpy())
+        self.ts = int(reply["ts"])
+        self._pulled = torch.from_numpy(np.frombuffer(payload, dtype=grad.numpy().dtype).copy())
+        self.pushes += 1
+
+    def after_step(self) -> None:
+        if self._pulled is not None:  # the server's weights replace whatever the local optimizer did
+            self.ctx.shards.write(0, self._pulled)
+            self._pulled = None
+
+
+class RudraServer(DriverRule):
+    """θ, ts, the gradients waiting for the next update, and ⟨σ⟩ per update."""
+
+    HISTORY = 100_000
+
+    def __init__(self, joint, agents, protocol: str, n: int, lr: float, modulate: bool, batch_size: int,
+                 reference_batch: int, timeout_s: float = 600.0):
+        super().__init__(joint, agents)
+        if protocol not in ("hardsync", "softsync"):
+            raise ValueError(f"protocol must be hardsync or softsync, got {protocol!r}")
+        self.protocol, self.modulate, self.timeout_s = protocol, modulate, timeout_s
+        self.c = agents if protocol == "hardsync" else max(1, agents // n)  # gradients per update
+        self.lr = lr * math.sqrt(agents * batch_size / reference_batch) if protocol == "hardsync" else lr
+        self.ts = 0
+        self.pending: List[tuple] = []  # (gradient, its timestamp)
+        self.history = collections.deque(maxlen=self.HISTORY)  # (ts after the update, ⟨σ⟩, learning rate)
+        self.cond = threading.Condition(self.lock)
+
+    def reduce_shard(self, cycle):
+        return None
+
+    def _apply(self) -> None:
+        """One update from the pending gradients (lock held): θ ← θ − α · mean(g)."""
+        stale = [self.ts - ts for _, ts in self.pending]
+        mean_sigma = float(np.mean(stale))
+        lr = self.lr / max(1.0, mean_sigma) if self.modulate else self.lr
+        grad = torch.stack([g for g, _ in self.pending]).mean(dim=0)
+        self.joint[0] = self.joint[0] - lr * grad
+        self.ts += 1
+        self.pending = []
+        self.history.append((self.ts, mean_sigma, lr))
+        self.cond.notify_all()
+
+    def serve(self, agent, header, payload):
+        if header.get("op") != "push":
+            raise ValueError(f"unknown op {header.get('op')!r}")
+        grad = payload.to(self.joint[0].dtype)
+        if grad.shape != self.joint[0].shape:
+            raise ValueError(f"expected {self.joint[0].numel()} values, got {grad.numel()}")
+        ts = int(header.get("ts", 0))
+        with self.cond:
+            if ts > self.ts:
+                raise ValueError(f"gradient timestamp {ts} is ahead of the server's {self.ts}")
+            self.pending.append((grad, ts))
+            if len(self.pending) >= self.c:
+                self._apply()
+            elif self.protocol == "hardsync":  # wait for the others' gradients of this timestamp
+                target = self.ts + 1
+                if not self.cond.wait_for(lambda: self.ts >= target, timeout=self.timeout_s):
+                    raise TimeoutError(f"hardsync: not all {self.c} learners pushed within {self.timeout_s:.0f}s")
+            return {"ok": True, "ts": self.ts}, self.joint[0].clone()
+
+    def mean_staleness(self) -> float:
+        with self.lock:
+            return float(np.mean([s for _, s, _ in self.history])) if self.history else 0.0
+
+    def state_dict(self):
+        return {**super().state_dict(), "ts": self.ts}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.ts = int(state.get("ts", 0))
+
+
+class _Rudra(Algorithm):
+    exchange = "service"
+    lr: float = Field(0.05, gt=0.0, description="α0: the server's SGD learning rate")
+    batch_size: int = Field(32, ge=1, description="μ: the learners' mini-batch (for hardsync's √(λμ/B))")
+    reference_batch: int = Field(128, ge=1, description="B: the reference model's batch (hardsync)")
+
+    def agent_factory(self):
+        return RudraLearner
+
+    def _server(self, joint, agents, protocol: str, n: int, modulate: bool) -> RudraServer:
+        return RudraServer(joint, agents, protocol, n, self.lr, modulate, self.batch_size, self.reference_batch)
+
+
+@register
+class RudraHardsync(_Rudra):
+    """All λ gradients of a timestamp averaged into one update; σ ≡ 0."""
+
+    name: Literal["rudra-hardsync"] = "rudra-hardsync"
+    summary = "Rudra hardsync: every learner's gradient averaged per update, learners wait (σ = 0)"
+
+    def driver_rule(self, joint, agents):
+        return self._server(joint, agents, "hardsync", 1, False)
+
+
+@register
+class RudraSoftsync(_Rudra):
+    """An update after ⌊λ/n⌋ gradients; α = α0/⟨σ⟩."""
+
+    name: Literal["rudra-softsync"] = "rudra-softsync"
+    summary = "Rudra n-softsync: an update after ⌊λ/n⌋ gradients, learning rate divided by ⟨σ⟩"
+    n: int = Field(1, ge=1, description="n: the server updates after ⌊λ/n⌋ gradients (⟨σ⟩ ≈ n)")
+    modulate: bool = Field(True, description="α = α0/⟨σ⟩ (Eq. 6)")
+
+    def driver_rule(self, joint, agents):
+        if self.n > agents:
+            raise ValueError(f"n = {self.n} exceeds the {agents} learners")
+        return self._server(joint, agents, "softsync", self.n, self.modulate)
+
+
+@register
+class RudraAsync(_Rudra):
+    """Every gradient applied on arrival."""
+
+    name: Literal["rudra-async"] = "rudra-async"
+    summary = "Rudra async: every gradient applied on arrival"
+    modulate: bool = Field(False, description="α = α0/⟨σ⟩ (as softsync)")
+
+    def driver_rule(self, joint, agents):
+        return self._server(joint, agents, "softsync", agents, self.modulate)
+
+
+
