@@ -161,6 +161,10 @@ class DriverRule:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.joint = [torch.as_tensor(j).clone() for j in state["joint"]]
 
+    def on_stop(self) -> None:
+        """The run is ending (called before the agents are told to stop): release anything that waits for
+        other agents (e.g. a synchronous parameter server), so that every agent can finish its step."""
+
     def close(self) -> None: ...
 
 

@@ -78,6 +78,7 @@ class RudraServer(DriverRule):
         self.pending: List[tuple] = []  # (gradient, its timestamp)
         self.history = collections.deque(maxlen=self.HISTORY)  # (ts after the update, ⟨σ⟩, learning rate)
         self.cond = threading.Condition(self.lock)
+        self.stopping = False
 
     def reduce_shard(self, cycle):
         return None
@@ -109,9 +110,15 @@ class RudraServer(DriverRule):
                 self._apply()
             elif self.protocol == "hardsync":  # wait for the others' gradients of this timestamp
                 target = self.ts + 1
-                if not self.cond.wait_for(lambda: self.ts >= target, timeout=self.timeout_s):
+                if not self.cond.wait_for(lambda: self.ts >= target or self.stopping, timeout=self.timeout_s):
                     raise TimeoutError(f"hardsync: not all {self.c} learners pushed within {self.timeout_s:.0f}s")
             return {"ok": True, "ts": self.ts}, self.joint[0].clone()
+
+    def on_stop(self) -> None:
+        """The run ends: learners waiting for the others' gradients take the current weights and stop."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
 
     def mean_staleness(self) -> float:
         with self.lock:

@@ -110,6 +110,7 @@ class AgentRun:
     def __exit__(self, *exc) -> None:
         try:
             self.pipeline.flush()
+            self.rule.on_stop()
             self.stopped = self.pipeline.stop_agents()
             if not self.job.join(30):
                 self.job.cancel()

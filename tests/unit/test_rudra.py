@@ -66,6 +66,13 @@ def test_hardsync_waits_for_every_learner_and_scales_the_rate_by_sqrt_lambda_mu_
     t.join(2)
     assert torch.allclose(w, T(-3.0 * s.lr)) and torch.equal(got[0][1], w) and got[0][0]["ts"] == 1
     assert s.history[-1][1] == 0.0  # σ ≡ 0
+    waiting = threading.Thread(target=lambda: got.setdefault(2, s.serve(0, {"op": "push", "ts": 1}, T(1.0))))
+    waiting.start()
+    waiting.join(0.2)
+    assert waiting.is_alive()
+    s.on_stop()  # the run ends: a learner waiting for the others takes the current weights
+    waiting.join(2)
+    assert not waiting.is_alive() and got[2][0]["ts"] == 1
 
 
 class _Service:
