@@ -77,7 +77,8 @@ class CommitAgent(AgentRule):
         shards = self.ctx.shards
         with self.ctx.lock:
             delta = shards.read(0) - self.pulled
-        header = {"op": "commit", "agent": self.ctx.agent_id, "steps": self.since, **self.ctx.stats()}
+        # "accumulated": the steps in this commit (the agent's counters carry its total "steps")
+        header = {**self.ctx.stats(), "op": "commit", "agent": self.ctx.agent_id, "accumulated": self.since}
         _, payload = self.ctx.service.request(header, delta.numpy())  # waits for the centre, as the worker does
         center = torch.from_numpy(np.frombuffer(payload, dtype=delta.numpy().dtype).copy())
         with self.ctx.lock:
@@ -114,7 +115,7 @@ class CommitServer(DriverRule):
         delta = payload.to(self.joint[0].dtype)
         if delta.shape != self.joint[0].shape:
             raise ValueError(f"expected {self.joint[0].numel()} values, got {delta.numel()}")
-        steps = int(header.get("steps", 1))
+        steps = int(header.get("accumulated", 1))
         with self.lock:
             staleness = self.updates - self.pulled_at.get(agent, 0)
             self.joint[0] = server_update(self.variant, self.joint[0], delta, max(1, steps), staleness,

@@ -48,7 +48,7 @@ class RudraLearner(AgentRule):
         return self.ctx.shards.layout.bind([g.detach() for g in grads]).read(0)
 
     def after_backward(self) -> None:
-        header = {"op": "push", "agent": self.ctx.agent_id, "ts": self.ts, **self.ctx.stats()}
+        header = {**self.ctx.stats(), "op": "push", "agent": self.ctx.agent_id, "ts": self.ts}
         grad = self._gradient()
         reply, payload = self.ctx.service.request(header, grad.numpy())
         self.ts = int(reply["ts"])
@@ -103,6 +103,8 @@ class RudraServer(DriverRule):
             raise ValueError(f"expected {self.joint[0].numel()} values, got {grad.numel()}")
         ts = int(header.get("ts", 0))
         with self.cond:
+            if self.stopping:  # the run is ending: no more updates, the learner takes the weights and stops
+                return {"ok": True, "ts": self.ts}, self.joint[0].clone()
             if ts > self.ts:
                 raise ValueError(f"gradient timestamp {ts} is ahead of the server's {self.ts}")
             self.pending.append((grad, ts))

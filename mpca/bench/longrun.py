@@ -82,10 +82,16 @@ def long_run(spark, cycles: int, samples: int, numel: int) -> List[dict]:
     return rows
 
 
-def growth(rows: List[dict], key: str, warm_up: float = 0.1) -> float:
-    """Last sample over the first sample after the warm-up fraction of the run."""
-    after = [r for r in rows if r["cycle"] > warm_up * rows[-1]["cycle"]]
-    return after[-1][key] / after[0][key] if after and after[0][key] else float("nan")
+def growth(rows: List[dict], key: str, warm_up: float = 0.1, window: int = 5) -> float:
+    """Median of the last ``window`` samples over the median of the first ``window`` after the warm-up
+    fraction of the run (medians: a JVM's RSS swings with its garbage collections)."""
+    import statistics
+
+    after = [r[key] for r in rows if r["cycle"] > warm_up * rows[-1]["cycle"]]
+    if not after:
+        return float("nan")
+    first, last = statistics.median(after[:window]), statistics.median(after[-window:])
+    return last / first if first else float("nan")
 
 
 def main(argv=None) -> int:
@@ -110,7 +116,7 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     pd.DataFrame(rows).to_csv(args.out, index=False)
     keys = ("driver_py_mb", "driver_jvm_mb", "executor_jvms_mb", "executor_python_mb")
-    print("growth after warm-up (last / first sample after the first 10% of cycles): " +
+    print("growth after warm-up (median of the last 5 samples / of the first 5 after the first 10% of cycles): " +
           ", ".join(f"{k.removesuffix('_mb')} {growth(rows, k):.2f}" for k in keys))
     print(f"broadcasts created {rows[-1]['broadcasts_created']}, destroyed {rows[-1]['broadcasts_destroyed']}; "
           f"wrote {args.out}")

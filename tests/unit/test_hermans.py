@@ -28,13 +28,13 @@ def test_each_variant_by_hand():
 
 def test_the_server_measures_staleness_per_worker_and_keeps_adag_pull_snapshots():
     server = build_algorithm({"name": "dynsgd"}).driver_rule([T(0.0, 0.0)], 2)
-    _, c1 = server.serve(0, {"op": "commit", "steps": 1}, T(2.0, 2.0))  # τ = 0: + (2, 2)
-    reply, c2 = server.serve(1, {"op": "commit", "steps": 1}, T(4.0, 0.0))  # worker 1 pulled before: τ = 1
+    _, c1 = server.serve(0, {"op": "commit", "accumulated": 1}, T(2.0, 2.0))  # τ = 0: + (2, 2)
+    reply, c2 = server.serve(1, {"op": "commit", "accumulated": 1}, T(4.0, 0.0))  # worker 1 pulled before: τ = 1
     assert reply["staleness"] == 1 and torch.equal(c2, T(4.0, 2.0))  # + (4, 0) / 2
-    _, c3 = server.serve(0, {"op": "commit", "steps": 1}, T(1.0, 1.0))  # worker 0 pulled c1: τ = 1
+    _, c3 = server.serve(0, {"op": "commit", "accumulated": 1}, T(1.0, 1.0))  # worker 0 pulled c1: τ = 1
     assert torch.equal(c3, T(4.5, 2.5)) and list(server.history) == [(0, 0), (1, 1), (0, 1)]
     adag = build_algorithm({"name": "adag", "every": 1}).driver_rule([T(0.0)], 2)
-    adag.serve(0, {"op": "commit", "steps": 1}, T(1.0))
+    adag.serve(0, {"op": "commit", "accumulated": 1}, T(1.0))
     assert torch.equal(adag.pulled[0], T(1.0)) and torch.equal(adag.pulled[1], T(0.0))  # what each worker holds
     with pytest.raises(ValueError):
         server.serve(0, {"op": "commit"}, T(1.0))  # wrong size
@@ -58,7 +58,7 @@ def test_a_worker_commits_its_accumulated_update_every_lambda_steps_and_pulls_th
     server = build_algorithm({"name": "agn", "every": 2}).driver_rule([layout.bind_module(model).read(0)], 2)
     ctx = AgentContext(agent_id=0, agents=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
                        shards=layout.bind_module(model), device=torch.device("cpu"), lock=threading.Lock(),
-                       service=_Service(server))
+                       service=_Service(server), stats=lambda: {"steps": 99, "loss": 0.5})  # the agent's counters
     a = CommitAgent(ctx, every=2)
     start = ctx.shards.read(0)
     with torch.no_grad():

@@ -4,9 +4,11 @@ import os
 from mpca.bench import longrun
 
 
-def test_growth_is_measured_after_the_warm_up():
+def test_growth_is_measured_after_the_warm_up_with_medians():
     rows = [{"cycle": c, "m": m} for c, m in [(100, 50.0), (200, 100.0), (500, 105.0), (1000, 110.0)]]
-    assert longrun.growth(rows, "m") == 1.1  # from cycle 200 (after 10% of 1000) to the end
+    assert longrun.growth(rows, "m", window=1) == 1.1  # from cycle 200 (after 10% of 1000) to the end
+    swinging = [{"cycle": 100 * i, "m": m} for i, m in enumerate([10, 100, 101, 99, 100, 140, 100], start=1)]
+    assert longrun.growth(swinging, "m", window=3) == 1.0  # one high sample (a GC swing) is not growth
 
 
 def test_rss_and_children_of_this_process():
