@@ -97,7 +97,28 @@ def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app
             b = b.config(f"spark.{level}.resource.gpu.discoveryScript", gpu)
     for k, v in (conf or {}).items():
         b = b.config(k, v)
-    return b.getOrCreate()
+    spark = b.getOrCreate()
+    _watch_driver_jvm(spark)
+    return spark
+
+
+def _watch_driver_jvm(spark) -> None:
+    """A local cluster must not outlive this Python driver: if it dies without stopping Spark (kill -9, OOM
+    killer), a detached watchdog asks the driver's JVM — which holds the local cluster and its executors —
+    to terminate, and kills it 20 s later if its shutdown hooks hang (seen on 2 shared cores).  The watchdog
+    ends by itself when the JVM is gone."""
+    import subprocess
+
+    proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    if proc is None:
+        return
+    py, jvm = os.getpid(), proc.pid
+    alive = f"kill -0 {jvm} 2>/dev/null"
+    script = (f"while kill -0 {py} 2>/dev/null && {alive}; do sleep 1; done; sleep 2; "
+              f"if {alive}; then kill -TERM {jvm}; i=0; while {alive} && [ $i -lt 20 ]; do sleep 1; i=$((i+1)); done; "
+              f"if {alive}; then kill -KILL {jvm}; fi; fi")
+    subprocess.Popen(["sh", "-c", script], start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
 
 
 @dataclass(frozen=True)

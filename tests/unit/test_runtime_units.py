@@ -120,3 +120,29 @@ def test_an_executor_error_is_reduced_to_its_python_exception_line():
            "ModuleNotFoundError: No module named 'team_models'\n\tat org.apache.spark.api.python.BasePythonRunner")
     assert executor_cause(msg) == "on an executor: ModuleNotFoundError: No module named 'team_models'"
     assert executor_cause("Job 3 cancelled\nmore") == "Job 3 cancelled"
+
+
+def test_a_local_clusters_jvm_does_not_outlive_its_killed_python_driver():
+    """local_session's watchdog: kill -9 of the Python driver → its JVM (here a stand-in) is terminated."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    code = ("import subprocess, sys, time, types\n"
+            "from mpca.runtime import cluster\n"
+            "jvm = subprocess.Popen(['sleep', '300'])\n"
+            "cluster._watch_driver_jvm(types.SimpleNamespace(sparkContext=types.SimpleNamespace("
+            "_gateway=types.SimpleNamespace(proc=jvm))))\n"
+            "print(jvm.pid, flush=True)\n"
+            "time.sleep(300)\n")
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    jvm = int(driver.stdout.readline())
+    driver.kill()
+    driver.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and os.path.exists(f"/proc/{jvm}") and \
+            open(f"/proc/{jvm}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.2)
+    gone = not os.path.exists(f"/proc/{jvm}") or open(f"/proc/{jvm}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    assert gone, "the stand-in JVM outlived its killed driver"
