@@ -34,8 +34,6 @@ def _alive(pid: int) -> bool:
 class Store:
     """A directory: ``write_atomic``, ``read``, ``list``, ``delete`` of names inside it."""
 
-    local = False
-
     def __init__(self, location: str):
         self.location = location
 
@@ -50,8 +48,6 @@ class Store:
 
 
 class LocalStore(Store):
-    local = True
-
     def makedirs(self) -> None:
         try:
             os.makedirs(self.location, exist_ok=True)

@@ -128,10 +128,6 @@ class CommitServer(DriverRule):
                 self.pulled[agent] = center
         return {"ok": True, "staleness": staleness}, center
 
-    def mean_staleness(self) -> float:
-        with self.lock:
-            return float(np.mean([s for _, s in self.history])) if self.history else 0.0
-
     def state_dict(self):
         return {**super().state_dict(), "updates": self.updates}
 

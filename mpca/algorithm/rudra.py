@@ -122,10 +122,6 @@ class RudraServer(DriverRule):
             self.stopping = True
             self.cond.notify_all()
 
-    def mean_staleness(self) -> float:
-        with self.lock:
-            return float(np.mean([s for _, s, _ in self.history])) if self.history else 0.0
-
     def state_dict(self):
         return {**super().state_dict(), "ts": self.ts}
 

@@ -60,10 +60,6 @@ class TaskEvents:
         raise AttributeError(name)
 
     # reading ----------------------------------------------------------------------------------------
-    def for_job(self, description: str) -> List[dict]:
-        with self._lock:
-            return [t for t in self.tasks if t["description"] == description]
-
     def fetch_windows(self, rec, deliver_from: int) -> Dict[int, tuple]:
         """Per agent handed cycle ``rec``'s broadcast: (fetch start, fetch end) in wall seconds — the start from
         Spark's events (launch + deserialization of the first deliver task on the agent's executor; deliver
