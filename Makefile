@@ -3,7 +3,13 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test unit demo bench-compare bench-pull bench-exchange clean
+.PHONY: install test test-spark35 unit demo bench-compare bench-pull bench-exchange clean
+
+# The second environment: the oldest Spark we support (Databricks 15/16 LTS, CDP 7.3), installed first, then
+# mpca beside it with the other pins — pip must keep that pyspark (tests/spark35 checks it did).
+SPARK35 ?= 3.5.9
+VENV35 ?= .venv-spark35
+PY35 := $(VENV35)/bin/python
 
 $(VENV)/.installed: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -13,8 +19,21 @@ $(VENV)/.installed: setup.cfg pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
+$(VENV35)/.installed: setup.cfg pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV35)
+	$(VENV35)/bin/pip install -q --upgrade pip
+	grep -v '^pyspark==' constraints.txt > $(VENV35)/constraints.txt
+	$(VENV35)/bin/pip install -q -c $(VENV35)/constraints.txt pyspark==$(SPARK35)
+	$(VENV35)/bin/pip install -c $(VENV35)/constraints.txt -e '.[dev]'
+	touch $@
+
 test: $(VENV)/.installed
 	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(PY) -m pytest
+
+# integration and end-to-end tests on Spark 3.5 (CI runs this after `make test`)
+test-spark35: $(VENV35)/.installed
+	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} MPCA_EXPECT_PYSPARK=$(SPARK35) $(PY35) -m pytest tests/spark35 \
+		tests/integration tests/e2e
 
 unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit
@@ -32,4 +51,4 @@ bench-pull: $(VENV)/.installed
 	$(PY) -m mpca.bench.pull
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VENV35) build *.egg-info .pytest_cache

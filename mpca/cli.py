@@ -25,6 +25,10 @@ def _train(args) -> int:
     if not args.config:
         raise UserError("give a job config: mpca train -c conf/digits.yaml [key=value ...]")
     cfg = load_config(args.config, args.overrides)
+    if args.quiet:
+        cfg.progress = "off"
+    if args.dry_run:
+        return job.dry_run(cfg)
     try:
         return job.run(cfg).exit_code
     except UserError as e:
@@ -66,31 +70,54 @@ def _bench(args) -> int:
     return exchange_main(args.rest)
 
 
+def _version() -> str:
+    import importlib.metadata as md
+
+    from mpca import __version__
+
+    def v(pkg):
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    return f"mpca {__version__} (pyspark {v('pyspark')}, torch {v('torch')}, Python {sys.version.split()[0]})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="mpca", description="MPCA SGD: coordinated asynchronous training on Spark")
-    ap.add_argument("-v", "--verbose", action="store_true", help="log at INFO level (Spark stays at ERROR)")
+    common = argparse.ArgumentParser(add_help=False)  # -v / -q before or after the subcommand
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log at INFO level (Spark stays at ERROR)")
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="errors and the final result only (no progress, no INFO logs)")
+    ap = argparse.ArgumentParser(prog="mpca", description="MPCA SGD: coordinated asynchronous training on Spark",
+                                 parents=[common])
+    ap.add_argument("--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train a model from a YAML config")
+    t = sub.add_parser("train", help="train a model from a YAML config", parents=[common])
     t.add_argument("--config", "-c", action="append", default=[],
                    help="YAML file, e.g. conf/digits.yaml; repeat to merge presets (later files win)")
+    t.add_argument("--dry-run", action="store_true", help="check the config, the data source and the cluster's "
+                   "room for the agents, print the resolved config and exit (0, or 2 with the problem) without training")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. training.agents=2 stop.max_cycles=50")
     t.set_defaults(func=_train)
-    p = sub.add_parser("predict", help="score a Parquet data set with a trained model (batch inference)")
+    p = sub.add_parser("predict", help="score a data set with a trained model (batch inference; Parquet out)",
+                       parents=[common])
     p.add_argument("--config", "-c", action="append", default=[], help="the job config (features, input_shape, "
                    "cluster; model.name where no model.json lies beside the model)")
     p.add_argument("--model", required=True, help="a model.pt written by mpca train (or save_model)")
-    p.add_argument("--data", required=True, help="Parquet file or directory to score")
+    p.add_argument("--data", required=True, help="file or directory to score, read as data.format (default Parquet)")
     p.add_argument("--out", required=True, help="where the scored Parquet goes")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--prediction-col", default="prediction")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     p.set_defaults(func=_predict)
-    d = sub.add_parser("data", help="write a bundled dataset as Parquet")
+    d = sub.add_parser("data", help="write a bundled dataset as Parquet", parents=[common])
     d.add_argument("dataset", choices=["digits", "mnist5k"])
     d.add_argument("path")
     d.set_defaults(func=_data)
     b = sub.add_parser("bench", help="benchmarks: compare (time to accuracy per algorithm), pull (Eq. 7 cost), "
-                                     "exchange (runtime)")
+                                     "exchange (runtime)", parents=[common])
     b.add_argument("which", choices=["compare", "pull", "exchange"])
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)
@@ -99,7 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose or args.command == "train" else logging.WARNING,
+    args.verbose, args.quiet = getattr(args, "verbose", False), getattr(args, "quiet", False)
+    if args.verbose and args.quiet:
+        print("mpca: error: -v/--verbose and -q/--quiet exclude each other", file=sys.stderr)
+        return EXIT_USER_ERROR
+    level = logging.INFO if args.verbose or (args.command == "train" and not args.quiet) else logging.WARNING
+    logging.basicConfig(level=logging.ERROR if args.quiet else level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:

@@ -32,6 +32,9 @@ class DataSection(_Strict):
     input_shape: List[int] = Field(default_factory=list, description="per-row tensor shape; [] keeps it flat")
     holdout: float = Field(0.1, ge=0.0, lt=1.0)
     holdout_max_rows: int = Field(5000, ge=1)
+    agent_memory_mb: Optional[float] = Field(None, ge=0.0, description="an agent whose partition takes more than "
+                                             "this many MB spills it to local disk once and memory-maps it "
+                                             "(None: always in memory; 0: always on disk)")
 
     @field_validator("input_shape")
     @classmethod
@@ -42,17 +45,27 @@ class DataSection(_Strict):
 
 
 class JobDataSection(DataSection):
-    """A job's data: a bundled dataset or a Parquet path."""
+    """A job's data: a bundled dataset, a path Spark reads with ``format``, or a catalog table."""
 
     dataset: Optional[Literal["digits", "mnist5k"]] = Field("digits", description="a bundled dataset")
-    path: Optional[str] = Field(None, description="Parquet file/directory or URI (instead of dataset)")
+    path: Optional[str] = Field(None, description="file/directory or URI that Spark reads with data.format")
+    table: Optional[str] = Field(None, description="a catalog table (Hive metastore; Unity Catalog: cat.schema.table)")
+    format: str = Field("parquet", pattern=r"^[A-Za-z][\w.]*$", description="the Spark data source of data.path: "
+                        "parquet, csv, json, orc, delta (where installed), avro, ...")
+    options: Dict[str, str] = Field(default_factory=dict, description="reader options, e.g. {header: 'true', "
+                                    "inferSchema: 'true'} for CSV")
+    feature_columns: Optional[List[str]] = Field(None, min_length=1, description="numeric columns assembled into "
+                                                 "the features array (tabular sources such as CSV)")
     input_shape: List[int] = Field(default_factory=lambda: [1, 8, 8])
     partitions: int = Field(4, ge=1)
 
     @model_validator(mode="after")
     def _source(self):
-        if (self.dataset is None) == (self.path is None):
-            raise ValueError("give exactly one of data.dataset (digits, mnist5k) or data.path (Parquet)")
+        if (self.path is not None or self.table is not None) and "dataset" not in self.model_fields_set:
+            object.__setattr__(self, "dataset", None)  # a path or table replaces the default bundled dataset
+        if sum(x is not None for x in (self.dataset, self.path, self.table)) != 1:
+            raise ValueError("give exactly one of data.dataset (digits, mnist5k), data.path (with data.format) "
+                             "or data.table; set the others to null")
         return self
 
 
@@ -336,13 +349,34 @@ def load_config(paths=None, overrides: Optional[List[str]] = None) -> JobConfig:
     if isinstance(paths, str):
         paths = [paths]
     for path in paths or []:
-        _deep_merge(data, _read_yaml(path))
+        layer = _read_yaml(path)
+        _later_source_wins(data, layer.get("data") if isinstance(layer.get("data"), dict) else {})
+        _deep_merge(data, layer)
     for item in overrides or []:
+        key = item.split("=", 1)[0].strip()
+        if key.startswith("data."):
+            _later_source_wins(data, {key[5:]: True})
         apply_override(data, item)
     try:
         return JobConfig.model_validate(data)
     except ValidationError as e:
         raise UserError(_format_error(e)) from None
+
+
+def resolved_yaml(cfg: BaseModel) -> str:
+    """The configuration as it is used — every file, override and default applied — as YAML."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False)
+
+
+DATA_SOURCES = ("dataset", "path", "table")
+
+
+def _later_source_wins(data: Dict[str, Any], layer_data: Dict[str, Any]) -> None:
+    """A layer (a later file or an override) that names a data source replaces the source of earlier
+    layers: ``-c conf/digits.yaml data.path=x.csv`` reads x.csv, not the bundled digits."""
+    if any(k in layer_data for k in DATA_SOURCES) and isinstance(data.get("data"), dict):
+        for k in DATA_SOURCES:
+            data["data"].pop(k, None)
 
 
 def _read_yaml(path: str) -> Dict[str, Any]:

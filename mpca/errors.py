@@ -16,3 +16,16 @@ class ClusterTooSmallError(UserError):
 
 class RunFailedError(MpcaError):
     """The run failed for a reason outside the user's configuration (an agent crashed, Spark failed)."""
+
+
+def error_line(e: BaseException, limit: int = 300) -> str:
+    """One informative line of ``e``: for a Java exception through Py4J ("An error occurred while calling
+    o12.load." then the Java trace) the Java exception's own message, else the first line."""
+    import re
+
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    for line in lines:
+        m = re.match(r"^:?\s*(?:[a-z_$][\w$]*\.)+([A-Z][\w$]*(?:Exception|Error)):\s*(.+)$", line)
+        if m:
+            return f"{m.group(1)}: {m.group(2)}"[:limit]
+    return lines[0][:limit] if lines else type(e).__name__

@@ -5,7 +5,7 @@ import copy
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -82,7 +82,10 @@ class BackgroundEvaluator:
             self.samples_per_s = float(sum(sps.values()))
         return sps
 
-    def submit(self, joints, cycle: int, wall: float, reports, epochs: float = float("nan")) -> None:
+    def submit(self, joints, cycle: int, wall: float, reports, epochs: float = float("nan"),
+               metrics: Optional[Callable[[], Dict[str, float]]] = None) -> None:
+        """Score ``joints`` in the background (skipped while the previous evaluation runs); ``metrics``: the
+        algorithm's own figures (:meth:`~mpca.algorithm.base.DriverRule.metrics`), taken only when scored."""
         if self._busy.is_set():
             return  # previous evaluation still running: skip rather than stall
         snap = [j.clone() for j in joints]
@@ -90,6 +93,7 @@ class BackgroundEvaluator:
         rates = {a: r.steps_per_s for a, r in reports.items()}
         resets = sum(r.resets for r in reports.values())
         sps = self._rates(reports)
+        extra = metrics() if metrics is not None else {}
         self._busy.set()
 
         def work():
@@ -101,7 +105,7 @@ class BackgroundEvaluator:
                 r = evaluate(self.model, self.hx, self.hy, self.loss_fn)
                 row = {"wall_s": wall, "cycle": cycle + 1, "holdout_error": r.error, "holdout_loss": r.loss,
                        "samples_per_s": float(sum(sps.values())) if sps else float("nan"), "epochs": epochs,
-                       "resets": resets, "weight": weights, "agent_steps_per_s": rates, "agent_samples_per_s": sps, "_snapshot": snap}
+                       "resets": resets, "weight": weights, "agent_steps_per_s": rates, "agent_samples_per_s": sps, **extra, "_snapshot": snap}
                 with self._lock:
                     self._ready.append(row)
             finally:

@@ -14,11 +14,12 @@ import re
 import shutil
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from mpca.config import JobConfig
-from mpca.errors import UserError
+from mpca.errors import UserError, error_line
 
 log = logging.getLogger("mpca.job")
 
@@ -67,11 +68,33 @@ def _data(spark, cfg: JobConfig):
     d = cfg.data
     if d.dataset is not None:
         return dataset_dataframe(spark, d.dataset, d.partitions)
+    return read_source(spark, d)
+
+
+def read_source(spark, d, path: Optional[str] = None, scoring: bool = False):
+    """The DataFrame of ``data.path`` (or ``path``) read with ``data.format`` and ``data.options``, or of
+    ``data.table``; with ``data.feature_columns`` those columns become the ``data.features`` array (for
+    ``scoring``: added beside every column, no label needed; for training: features and label only).
+    A source Spark cannot read is one line naming it and what to fix."""
+    from pyspark.sql import functions as F
+
+    path = path or d.path
+    what = f"data.table {d.table!r}" if path is None else f"{path!r} as {d.format}"
     try:
-        df = spark.read.parquet(d.path)
-    except Exception as e:  # noqa: BLE001 - Spark's AnalysisException etc.: a path the user must fix
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"data.path {d.path!r} cannot be read as Parquet: {first[:200]}") from None
+        df = spark.table(d.table) if path is None else spark.read.format(d.format).options(**d.options).load(path)
+        columns = df.columns
+    except Exception as e:  # noqa: BLE001 - Spark's AnalysisException, a missing data source: the user must fix
+        first = error_line(e, 200)
+        hint = (f"; data.format {d.format!r} needs its package on the cluster (e.g. delta-spark for delta)"
+                if "data source" in first.lower() or "DATA_SOURCE_NOT_FOUND" in first else "")
+        raise UserError(f"cannot read {what}: {first}{hint}") from None
+    if d.feature_columns:
+        missing = [c for c in [*d.feature_columns, *([] if scoring else [d.label])] if c not in columns]
+        if missing:
+            raise UserError(f"data.feature_columns/label: {missing} not among the columns of {what} "
+                            f"({', '.join(columns[:20])}{', ...' if len(columns) > 20 else ''})")
+        features = F.array(*[F.col(c).cast("float") for c in d.feature_columns])
+        df = df.withColumn(d.features, features) if scoring else df.select(features.alias(d.features), F.col(d.label))
     return df
 
 
@@ -104,8 +127,9 @@ def preflight(cfg: JobConfig, starting_spark: bool) -> None:
     d = cfg.data
     if d.path is not None and "://" not in d.path and not os.path.exists(d.path):
         raise UserError(f"data.path {d.path!r} does not exist; write one with `mpca data digits {d.path}` "
-                        "or point data.path at a Parquet file or directory")
-    if d.path is not None and "://" not in d.path:  # rows, columns, labels and one batch, before Spark starts
+                        f"or point data.path at a file or directory Spark reads as {d.format}")
+    if d.path is not None and "://" not in d.path and d.format == "parquet" and not d.feature_columns:
+        # rows, columns, labels and one batch, before Spark starts
         from mpca.data.checks import check_parquet
 
         check_parquet(d.path, d.features, d.label, d.input_shape, *training_functions(cfg))
@@ -148,6 +172,45 @@ def training_functions(cfg: JobConfig):
     opt = cfg.optimizer
     return (functools.partial(build_model, cfg.model.name, dict(cfg.model.args)), cross_entropy,
             functools.partial(build_optimizer, opt.name, opt.lr, opt.momentum, opt.weight_decay))
+
+
+def dry_run(cfg: JobConfig, spark=None) -> int:
+    """Everything ``run`` checks before training — the config, the model, the output and checkpoint
+    locations, the data source (read, one aggregate job and one batch through the model) and the cluster's
+    room for the agents — then the resolved config on stdout; nothing is trained or written."""
+    from mpca import storage
+    from mpca.config import resolved_yaml
+    from mpca.data.checks import check_dataframe
+    from mpca.models import check_model_name
+    from mpca.runtime.cluster import agents_fit, require_classic
+
+    out = cfg.run.output_dir
+    if storage.is_uri(out):
+        _check_output_dir(out)
+    elif not _creatable(out) and not (os.path.isdir(out) and os.access(out, os.W_OK)):
+        raise UserError(f"run.output_dir {out!r} cannot be created or written; choose a writable directory")
+    check_model_name(cfg.model.name, cfg.model.args)
+    preflight(cfg, starting_spark=spark is None and cfg.cluster.master != "existing")
+    own_session = False
+    if spark is None:
+        spark, own_session = _session(cfg)
+    try:
+        require_classic(spark)
+        for where in (out, cfg.checkpoint.dir):
+            if where and storage.is_uri(where):
+                storage.check_location(where)
+        d = cfg.data
+        df = _data(spark, cfg)
+        check_dataframe(df, d.features, d.label, d.input_shape, *training_functions(cfg))
+        shape, use_gpus = agents_fit(spark.sparkContext, cfg)
+    finally:
+        if own_session:
+            spark.stop()
+    print(resolved_yaml(cfg), end="")
+    print(f"# dry run: config, model, data ({cfg.data.dataset or cfg.data.path or cfg.data.table}) and cluster "
+          f"({shape.describe()}, room for {cfg.training.agents} agent(s){' on GPUs' if use_gpus else ''}) "
+          "are fine; nothing was trained", flush=True)
+    return 0
 
 
 def run(cfg: JobConfig, spark=None) -> JobResult:
@@ -215,8 +278,12 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
     status = "target_reached" if reached else ("limit_reached" if target is not None else "done")
     if signal_code is not None:  # stopped by SIGTERM / Ctrl-C: everything written, then 143 / 130
         code, status = signal_code, "interrupted"
+    from mpca.config import resolved_yaml
+
+    with open(os.path.join(local, "config.yaml"), "w", encoding="utf-8") as f:
+        f.write(resolved_yaml(cfg))  # what this run used: rerun it with mpca train -c config.yaml
     names = {"model": "model.pt", "history": "history.csv", "plot": "history.png" if plot else None,
-             "timeline": "timeline.csv", "summary": "summary.json"}
+             "timeline": "timeline.csv", "config": "config.yaml", "summary": "summary.json"}
     summary = {
         "status": status,
         "exit_code": code, "stop_reason": fit.stop_reason, "final_holdout_error": fit.final.error,

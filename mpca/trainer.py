@@ -197,7 +197,7 @@ class Trainer:
                     epochs = samples / rows if rows else 0.0
                     if self._eval_due(c - first_cycle, last_eval):
                         last_eval = time.time()
-                        evaluator.submit(run.joint_vectors(), c, time.time() - t0, rec.agents, epochs)
+                        evaluator.submit(run.joint_vectors(), c, time.time() - t0, rec.agents, epochs, run.rule.metrics)
                     if st.checkpoint.dir and cycles_done % st.checkpoint.every_cycles == 0:
                         saver.submit(self._snapshot(run, model, cycles_done, specs, time.time() - t0))
                     progress.update(cycles_done, None, evaluator.samples_per_s)

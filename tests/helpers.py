@@ -1,6 +1,7 @@
 """Models and functions used by integration tests (shipped to executors by value)."""
 import os
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -135,3 +136,15 @@ def assert_replayed_handshake_refused(connect_raw, secret: bytes) -> None:
         answer = b""
     s2.close()
     assert answer == b"", "a replayed handshake was answered"
+
+
+class InProcessService:
+    """The driver's parameter service in-process: an agent rule's request goes straight to a server rule, with
+    the payload as raw bytes both ways (as over the wire)."""
+
+    def __init__(self, server):
+        self.server = server
+
+    def request(self, header, payload):
+        reply, values = self.server.serve(header["agent"], header, torch.from_numpy(np.asarray(payload).copy()))
+        return reply, values.numpy().tobytes()

@@ -1,7 +1,7 @@
 """The pure algorithms: sharding, update rules, schedules and one module per algorithm (no Spark, no I/O).
 
 Importing this package registers the built-in algorithms: ``mpca`` (default), ``single``, ``sync``,
-``easgd``, ``diloco`` and ``ddp`` (see :mod:`mpca.algorithm.base` for the seam they share).
+``easgd``, ``diloco``, ``ddp``, Hermans' and Rudra's parameter-server families and ``weaksync`` (see :mod:`mpca.algorithm.base` for the seam they share).
 """
 from mpca.algorithm.base import AgentContext, AgentRule, Algorithm, DriverRule
 from mpca.algorithm.joint import JointShard, MPCAHyper
@@ -27,7 +27,7 @@ from mpca.algorithm.sharding import BoundShards, Segment, ShardLayout, TensorSpe
 # the built-in algorithms register themselves on import
 from mpca.algorithm import mpca as _mpca, single as _single, sync as _sync  # noqa: E402,F401  isort: skip
 from mpca.algorithm import easgd as _easgd, diloco as _diloco, ddp as _ddp  # noqa: E402,F401  isort: skip
-from mpca.algorithm import hermans as _hermans, rudra as _rudra  # noqa: E402,F401  isort: skip
+from mpca.algorithm import hermans as _hermans, rudra as _rudra, weaksync as _weaksync  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "AgentContext", "AgentRule", "Algorithm", "AlphaSchedule", "BetaSchedule", "BoundShards", "DriverRule",

@@ -103,6 +103,22 @@ class AgentRule:
     def close(self) -> None: ...
 
 
+class RunningMean:
+    """Count and mean of the values added since the last :meth:`take` (constant memory)."""
+
+    def __init__(self):
+        self.n, self.total = 0, 0.0
+
+    def add(self, value: float) -> None:
+        self.n += 1
+        self.total += float(value)
+
+    def take(self) -> Tuple[int, float]:
+        n, mean = self.n, (self.total / self.n if self.n else float("nan"))
+        self.n, self.total = 0, 0.0
+        return n, mean
+
+
 class DriverRule:
     """The driver's side of an algorithm.  Holds the joint model (one vector per shard) and whatever else
     the algorithm keeps; everything it must survive a restart with goes through :meth:`state_dict`."""
@@ -140,6 +156,16 @@ class DriverRule:
         """Answer an agent's parameter-service request (agent-initiated algorithms only)."""
         raise ValueError(f"{type(self).__name__} has no parameter service")
 
+    def model_sized(self, header: Dict[str, Any], payload: torch.Tensor, op: str) -> torch.Tensor:
+        """A service request's payload as one model-sized vector in the joint model's dtype, after checking
+        that the request is ``op`` (ValueError otherwise: the service answers the agent with the error)."""
+        if header.get("op") != op:
+            raise ValueError(f"unknown op {header.get('op')!r}")
+        x = payload.to(self.joint[0].dtype)
+        if x.shape != self.joint[0].shape:
+            raise ValueError(f"expected {self.joint[0].numel()} values, got {x.numel()}")
+        return x
+
     def rendezvous(self, host: str, port: int = 0) -> Dict[str, Any]:
         """Start whatever the agents must meet at before training (e.g. a torch.distributed store, on
         ``port``, 0 for any) and return what they need to find it at ``host``; :meth:`close` ends it."""
@@ -160,6 +186,11 @@ class DriverRule:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.joint = [torch.as_tensor(j).clone() for j in state["joint"]]
+
+    def metrics(self) -> Dict[str, float]:
+        """The algorithm's own figures since the last call (e.g. Rudra's mean staleness ⟨σ⟩ per update), added
+        to each evaluation row of the history (and so to the CSV, MLflow and TensorBoard)."""
+        return {}
 
     def on_stop(self) -> None:
         """The run is ending (called before the agents are told to stop): release anything that waits for

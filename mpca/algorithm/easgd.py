@@ -60,11 +60,7 @@ class EASGDDriver(DriverRule):
         return None  # nothing goes through Spark: the driver's cycles only observe
 
     def serve(self, agent, header, payload):
-        if header.get("op") != "easgd":
-            raise ValueError(f"unknown op {header.get('op')!r}")
-        x = payload.to(self.joint[0].dtype)
-        if x.shape != self.joint[0].shape:
-            raise ValueError(f"expected {self.joint[0].numel()} values, got {x.numel()}")
+        x = self.model_sized(header, payload, "easgd")
         with self.lock:
             d = (x - self.joint[0]) * self.alpha
             self.joint[0] = self.joint[0] + d  # Eq. 3

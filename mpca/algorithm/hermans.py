@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from mpca.algorithm.base import AgentRule, Algorithm, DriverRule
+from mpca.algorithm.base import AgentRule, Algorithm, DriverRule, RunningMean
 from mpca.algorithm.easgd import EASGD
 from mpca.algorithm.registry import register
 
@@ -105,16 +105,13 @@ class CommitServer(DriverRule):
         self.pulled: Dict[int, torch.Tensor] = ({a: self.joint[0].clone() for a in range(agents)}
                                                  if variant == "adag" else {})
         self.history = collections.deque(maxlen=self.HISTORY)  # (agent, staleness) per commit
+        self._staleness = RunningMean()
 
     def reduce_shard(self, cycle):
         return None  # nothing goes through Spark: the driver's cycles only observe
 
     def serve(self, agent, header, payload):
-        if header.get("op") != "commit":
-            raise ValueError(f"unknown op {header.get('op')!r}")
-        delta = payload.to(self.joint[0].dtype)
-        if delta.shape != self.joint[0].shape:
-            raise ValueError(f"expected {self.joint[0].numel()} values, got {delta.numel()}")
+        delta = self.model_sized(header, payload, "commit")
         steps = int(header.get("accumulated", 1))
         with self.lock:
             staleness = self.updates - self.pulled_at.get(agent, 0)
@@ -122,11 +119,18 @@ class CommitServer(DriverRule):
                                           self.pulled.get(agent), self.gamma)
             self.updates += 1
             self.history.append((agent, staleness))
+            self._staleness.add(staleness)
             center = self.joint[0].clone()
             self.pulled_at[agent] = self.updates  # the worker pulls what we answer
             if self.variant == "adag":
                 self.pulled[agent] = center
         return {"ok": True, "staleness": staleness}, center
+
+    def metrics(self):
+        """Commits since the last call and their mean staleness τ."""
+        with self.lock:
+            n, tau = self._staleness.take()
+            return {"commits": n, "mean_staleness": tau}
 
     def state_dict(self):
         return {**super().state_dict(), "updates": self.updates}

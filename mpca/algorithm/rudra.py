@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from mpca.algorithm.base import AgentRule, Algorithm, DriverRule
+from mpca.algorithm.base import AgentRule, Algorithm, DriverRule, RunningMean
 from mpca.algorithm.registry import register
 from mpca.algorithm.sharding import exchanged_tensors
 
@@ -39,7 +39,7 @@ class RudraLearner(AgentRule):
             raise ValueError("Rudra needs the driver's parameter service")
         n = len(ctx.shards.layout.specs)
         self._tensors = [t for _, t in exchanged_tensors(ctx.model, "average")][:n]
-        self.ts = 0
+        self.ts: Optional[int] = None  # None: the timestamp of the model it was started or reset from (the server's)
         self.pushes = 0
         self._pulled: Optional[torch.Tensor] = None
 
@@ -60,6 +60,9 @@ class RudraLearner(AgentRule):
             self.ctx.shards.write(0, self._pulled)
             self._pulled = None
 
+    def on_reset(self) -> None:
+        self.ts = None  # back on the latest joint model
+
 
 class RudraServer(DriverRule):
     """θ, ts, the gradients waiting for the next update, and ⟨σ⟩ per update."""
@@ -67,7 +70,7 @@ class RudraServer(DriverRule):
     HISTORY = 100_000
 
     def __init__(self, joint, agents, protocol: str, n: int, lr: float, modulate: bool, batch_size: int,
-                 reference_batch: int, timeout_s: float = 600.0):
+                 reference_batch: int, timeout_s: float = 55.0):
         super().__init__(joint, agents)
         if protocol not in ("hardsync", "softsync"):
             raise ValueError(f"protocol must be hardsync or softsync, got {protocol!r}")
@@ -79,6 +82,7 @@ class RudraServer(DriverRule):
         self.history = collections.deque(maxlen=self.HISTORY)  # (ts after the update, ⟨σ⟩, learning rate)
         self.cond = threading.Condition(self.lock)
         self.stopping = False
+        self._sigma = RunningMean()
 
     def reduce_shard(self, cycle):
         return None
@@ -93,16 +97,15 @@ class RudraServer(DriverRule):
         self.ts += 1
         self.pending = []
         self.history.append((self.ts, mean_sigma, lr))
+        self._sigma.add(mean_sigma)
+        self._lr = lr
         self.cond.notify_all()
 
     def serve(self, agent, header, payload):
-        if header.get("op") != "push":
-            raise ValueError(f"unknown op {header.get('op')!r}")
-        grad = payload.to(self.joint[0].dtype)
-        if grad.shape != self.joint[0].shape:
-            raise ValueError(f"expected {self.joint[0].numel()} values, got {grad.numel()}")
-        ts = int(header.get("ts", 0))
+        grad = self.model_sized(header, payload, "push")
+        ts = header.get("ts")
         with self.cond:
+            ts = self.ts if ts is None else int(ts)  # None: a first push, on the model the learner started from
             if self.stopping:  # the run is ending: no more updates, the learner takes the weights and stops
                 return {"ok": True, "ts": self.ts}, self.joint[0].clone()
             if ts > self.ts:
@@ -115,6 +118,12 @@ class RudraServer(DriverRule):
                 if not self.cond.wait_for(lambda: self.ts >= target or self.stopping, timeout=self.timeout_s):
                     raise TimeoutError(f"hardsync: not all {self.c} learners pushed within {self.timeout_s:.0f}s")
             return {"ok": True, "ts": self.ts}, self.joint[0].clone()
+
+    def metrics(self):
+        """Updates since the last call, their mean ⟨σ⟩ (the paper's Fig. 3) and the last learning rate."""
+        with self.lock:
+            n, sigma = self._sigma.take()
+            return {"updates": n, "mean_staleness": sigma, "lr": getattr(self, "_lr", self.lr)}
 
     def on_stop(self) -> None:
         """The run ends: learners waiting for the others' gradients take the current weights and stop."""

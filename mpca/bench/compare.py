@@ -3,14 +3,16 @@
     mpca bench compare [-c conf/mnist_mlp.yaml] [--algorithms mpca,sync,easgd,diloco,ddp,single]
                        [--ablations] [--targets 0.3,0.2,0.1] [--max-seconds 120] [--repeats 1]
                        [--network none|1gbit|100mbit] [--straggler AGENT:SPEED] [--out runs/compare]
-                       [key=value ...]
+                       [--variant LABEL=NAME,key=value,...] [key=value ...]
 
 Runs the chosen algorithms one after another (and, with ``--ablations``, the paper's MPCA ablations:
 γ = 0 without extrapolation, Fig. 10a; unweighted instead of τ-weighted reduction, Fig. 10c; S = 1 and 2
 phases, §4.2; with ``--straggler 1:0.5`` agent 1 runs at half speed and ``mpca:uncontested`` is mpca
-without it, Fig. 10c) and writes to ``--out``: ``compare.csv`` (a table like the paper's Table 2: time to each
+without it, Fig. 10c; ``--variant 'push:28=weaksync,c=3'`` adds an algorithm with its own settings under a
+label of your choice, e.g. the seeds' protocol studies) and writes to ``--out``: ``compare.csv`` (a table like the paper's Table 2: time to each
 target per algorithm, ratios to ``single`` and to ``mpca``), ``compare.json`` (per algorithm: time to each
-target, final error, bytes moved, duty cycle; for the run: network, communication/computation ratio of
+target, final error, bytes moved, duty cycle, the algorithm's own figures such as Rudra's mean staleness
+or weak synchronization's dropped gradients; for the run: network, communication/computation ratio of
 one model exchange, cycle overlap), ``compare.png`` (error against wall time) and each run's history.
 ``--network`` runs everything on the emulated cluster of :mod:`mpca.bench.netcluster` when this machine
 allows it (root, network namespaces), else on local-cluster, labelled as such.
@@ -31,6 +33,8 @@ ABLATIONS = {
     "mpca:S2": {"name": "mpca", "shards": 2},  # two phases (Fig. 7)
     "mpca:uncontested": {"name": "mpca"},  # with --straggler: the same run without the straggler
 }
+FIGURES = {"mean_staleness": "median", "mean_d": "median", "dropped": "sum", "updates": "sum",
+           "block_updates": "sum", "commits": "sum"}  # DriverRule.metrics() columns of the history, and how to sum up
 DEFAULT_CONFIG = "conf/mnist_mlp.yaml"  # ≈1.3 M parameters: communication matters, unlike the digits CNN
 
 
@@ -39,6 +43,42 @@ def time_to(history, target: float) -> float:
     h = history.dropna(subset=["holdout_error"])
     hit = h[h["holdout_error"] <= target]
     return float(hit["wall_s"].iloc[0]) if len(hit) else math.nan
+
+
+def parse_variant(text: str) -> tuple:
+    """``"push+pull=weaksync,c=3,pull_fraction=0.75"`` → ("push+pull", {"name": "weaksync", "c": 3, ...});
+    values are read as YAML scalars (numbers, true/false, null)."""
+    import yaml
+
+    from mpca.algorithm import build_algorithm
+
+    label, _, spec = text.partition("=")
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not label.strip() or not parts or "=" in parts[0]:
+        raise ValueError(f"--variant takes LABEL=NAME,key=value,..., e.g. push=weaksync,c=3; got {text!r}")
+    algo = {"name": parts[0]}
+    for p in parts[1:]:
+        key, eq, value = p.partition("=")
+        if not eq:
+            raise ValueError(f"--variant {label}: {p!r} is not key=value")
+        algo[key.strip()] = yaml.safe_load(value)
+    try:
+        build_algorithm(algo)
+    except Exception as e:  # pydantic's ValidationError or an unknown name: one line
+        raise ValueError(f"--variant {label}: {str(e).splitlines()[0]}; " + "; ".join(
+            f"{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in getattr(e, "errors", lambda: [])())) from None
+    return label.strip(), algo
+
+
+def figures(history) -> Dict[str, float]:
+    """The algorithm's own figures over a run (see :data:`FIGURES`), from its history's columns."""
+    out = {}
+    for col, how in FIGURES.items():
+        if col in history:
+            vals = history[col].dropna()
+            if len(vals):
+                out[col] = float(vals.median() if how == "median" else vals.sum())
+    return out
 
 
 def _median(values: List[float]) -> float:
@@ -100,7 +140,7 @@ def run_one(spark, cfg, label: str, algorithm: dict, targets: List[float], max_s
     return {"label": label, "algorithm": algorithm, "agents": settings.training.agents, "history": fit.history,
             "time_to": {t: time_to(fit.history, t) for t in targets}, "final_error": fit.final.error,
             "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": _traffic(fit), "duty_cycle": _duty(fit),
-            "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None,
+            "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None, "figures": figures(fit.history),
             "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None}
 
 
@@ -132,19 +172,21 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
                 row[f"t({100 * t:g}%)/{ref}"] = v / base if base and not math.isnan(base) else math.nan
         row.update({"final error %": 100 * r["final_error"], "MB moved": r["bytes"] / 1e6,
                     "duty cycle": r["duty_cycle"]})
+        row.update({k.replace("_", " "): r.get("figures", {}).get(k, math.nan)
+                    for k in FIGURES if any(k in x.get("figures", {}) for x in results.values())})
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: float, repeats: int, out: str,
-            network: str, straggler=None) -> dict:
+            network: str, straggler=None, variants: Optional[Dict[str, dict]] = None) -> dict:
     from mpca.report import plot_curves, write_json
 
     os.makedirs(out, exist_ok=True)
     _warm_up(spark, cfg, out)
     results: Dict[str, dict] = {}
     for label in labels:
-        algo = ABLATIONS.get(label) or {"name": label}
+        algo = (variants or {}).get(label) or ABLATIONS.get(label) or {"name": label}
         runs = [run_one(spark, cfg, label if repeats == 1 else f"{label}:r{i}", algo, targets, max_seconds, out,
                         straggler) for i in range(repeats)]
         first = runs[0]
@@ -160,7 +202,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
         "model": cfg.model.name, "model_args": cfg.model.args, "data": cfg.data.dataset or cfg.data.path,
         "comm_comp_ratio": mpca.get("comm_comp"), "cycle_overlap": mpca.get("overlap"),
         "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
-                                                  "duty_cycle", "repeats")}
+                                                  "duty_cycle", "repeats", "figures")}
                        | {"time_to": {str(t): r["time_to"][t] for t in targets}} for label, r in results.items()},
     }
     write_json(os.path.join(out, "compare.json"), summary)
@@ -210,6 +252,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/compare")
     ap.add_argument("--straggler", metavar="AGENT:SPEED", help="slow one agent, e.g. 1:0.5 (Fig. 10c: compare "
                     "--algorithms mpca,mpca:uniform,mpca:uncontested)")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=NAME,key=value,...",
+                    help="an algorithm with its own settings under LABEL, e.g. 'push:2=weaksync,c=2' (repeatable)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the job config")
     args = ap.parse_args(argv)
     from mpca.algorithm import algorithm_names
@@ -217,7 +261,12 @@ def main(argv=None) -> int:
     from mpca.errors import UserError
 
     labels = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    for a in labels:
+    try:
+        variants = dict(parse_variant(v) for v in args.variant)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    labels += [v for v in variants if v not in labels]
+    for a in [x for x in labels if x not in variants]:
         if a not in algorithm_names() and a not in ABLATIONS:
             raise UserError(f"--algorithms: unknown {a!r}; choose from {', '.join(algorithm_names())}")
     if args.ablations:
@@ -245,7 +294,7 @@ def main(argv=None) -> int:
         print(f"mpca bench compare: {why}; falling back to local-cluster (results labelled as such)", file=sys.stderr)
     spark, network = _session(cfg, args.network)
     try:
-        compare(spark, cfg, labels, targets, args.max_seconds, args.repeats, args.out, network, straggler)
+        compare(spark, cfg, labels, targets, args.max_seconds, args.repeats, args.out, network, straggler, variants)
     finally:
         spark.stop()
     return 0

@@ -1,7 +1,7 @@
 """Arrow record batches → torch tensors, without pandas and without collecting to the driver."""
 from __future__ import annotations
 
-from typing import Iterable, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -28,23 +28,33 @@ def _column_values(col: pa.Array) -> Tuple[np.ndarray, int]:
     raise ValueError(f"unsupported feature column type {col.type}; use array<float> (or a vector column)")
 
 
+def batch_arrays(b: pa.RecordBatch, features: str, label: str,
+                 input_shape: Sequence[int]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """One record batch as (float32 features reshaped to ``(rows, *input_shape)``, labels); None if empty."""
+    if b.num_rows == 0:
+        return None
+    values, width = _column_values(b.column(b.schema.get_field_index(features)))
+    expected = int(np.prod(input_shape)) if input_shape else width
+    if width != expected:
+        raise ValueError(f"rows of {features!r} have {width} values but input_shape {tuple(input_shape)} needs {expected}")
+    x = values.astype(np.float32, copy=False).reshape(b.num_rows, *(input_shape or (width,)))
+    return x, b.column(b.schema.get_field_index(label)).to_numpy(zero_copy_only=False)
+
+
+def concat_arrays(arrays: List[Tuple[np.ndarray, np.ndarray]],
+                  input_shape: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Batches from :func:`batch_arrays` as one (features, labels) pair of tensors (integer labels → int64)."""
+    if not arrays:
+        shape = (0, *(input_shape or (0,)))
+        return torch.zeros(shape, dtype=torch.float32), torch.zeros(0, dtype=torch.int64)
+    x = torch.from_numpy(np.concatenate([a for a, _ in arrays]))
+    y = np.concatenate([b for _, b in arrays])
+    y_t = torch.from_numpy(y.astype(np.int64)) if np.issubdtype(y.dtype, np.integer) else torch.from_numpy(y.astype(np.float32))
+    return x, y_t
+
+
 def batches_to_tensors(batches: Iterable[pa.RecordBatch], features: str, label: str,
                        input_shape: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
     """Concatenate record batches into (features reshaped to ``(n, *input_shape)``, labels)."""
-    xs, ys = [], []
-    for b in batches:
-        if b.num_rows == 0:
-            continue
-        values, width = _column_values(b.column(b.schema.get_field_index(features)))
-        expected = int(np.prod(input_shape)) if input_shape else width
-        if width != expected:
-            raise ValueError(f"rows of {features!r} have {width} values but input_shape {tuple(input_shape)} needs {expected}")
-        xs.append(values.astype(np.float32, copy=False).reshape(b.num_rows, *(input_shape or (width,))))
-        ys.append(b.column(b.schema.get_field_index(label)).to_numpy(zero_copy_only=False))
-    if not xs:
-        shape = (0, *(input_shape or (0,)))
-        return torch.zeros(shape, dtype=torch.float32), torch.zeros(0, dtype=torch.int64)
-    x = torch.from_numpy(np.concatenate(xs))
-    y = np.concatenate(ys)
-    y_t = torch.from_numpy(y.astype(np.int64)) if np.issubdtype(y.dtype, np.integer) else torch.from_numpy(y.astype(np.float32))
-    return x, y_t
+    arrays = [a for a in (batch_arrays(b, features, label, input_shape) for b in batches) if a is not None]
+    return concat_arrays(arrays, input_shape)

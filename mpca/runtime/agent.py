@@ -56,6 +56,7 @@ class AgentSpec:
     rendezvous: Dict[str, Any] = field(default_factory=dict)
     cpus: Optional[List[int]] = None  # pin the training thread to these CPUs
     join_on_retry: bool = True  # a retried agent task waits for the driver's joint model (driver-run exchange)
+    agent_memory_mb: Optional[float] = None  # a partition larger than this spills to local disk (data.agent_memory_mb)
 
 
 def load_state(model: torch.nn.Module, state: Dict[str, np.ndarray]) -> None:
@@ -80,7 +81,7 @@ class Agent:
     """A local replica, its training loop, and the algorithm's agent rule called around every step."""
 
     def __init__(self, spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
-                 gpu_addresses: Optional[List[str]] = None, attempt: int = 0):
+                 gpu_addresses: Optional[List[str]] = None, attempt: int = 0, data_on_host: bool = False):
         self.spec = spec
         self.id = agent_id
         self.attempt = attempt
@@ -95,8 +96,9 @@ class Agent:
         self.model.to(self.device)
         self.optimizer = spec.optimizer_fn(self.model.parameters())
         self.shards = spec.layout.bind_module(self.model, spec.buffers)
-        self.features = features.to(self.device)
-        self.labels = labels.to(self.device)
+        self.data_on_host = data_on_host  # memory-mapped from local disk: batches move to the device one by one
+        self.features = features if data_on_host else features.to(self.device)
+        self.labels = labels if data_on_host else labels.to(self.device)
         self.lock = threading.Lock()
         self._waiting = 0  # exchange requests waiting for the step lock
         self._waiting_lock = threading.Lock()
@@ -149,14 +151,19 @@ class Agent:
                     if time.time() - self.last_contact > self.spec.idle_timeout_s:
                         break
                     continue
-                order = torch.randperm(n, generator=gen).to(self.device)  # reshuffled every epoch
+                order = torch.randperm(n, generator=gen)  # reshuffled every epoch
+                order = order if self.data_on_host else order.to(self.device)
                 for lo in range(0, n, bs):
                     while self.joining and not self._should_stop():  # told it replaces a lost process
                         time.sleep(0.02)
                     if self._should_stop():
                         break
                     idx = order[lo:lo + bs]
-                    self.step(self.features[idx], self.labels[idx])
+                    if self.data_on_host:  # rows in file order: fewer, longer reads from the page cache
+                        idx = idx.sort().values
+                        self.step(self.features[idx].to(self.device), self.labels[idx].to(self.device))
+                    else:
+                        self.step(self.features[idx], self.labels[idx])
                     t = time.perf_counter()
                     self.rule.between_steps()  # may wait for a round or talk to the parameter service
                     self.exchange_s += time.perf_counter() - t
@@ -366,7 +373,7 @@ class Agent:
 
     def summary(self) -> dict:
         return {**self.report(exchange_s=self.exchange_s, alive_s=time.time() - self.started).to_dict(),
-                "wall_s": time.time() - self.started}
+                "wall_s": time.time() - self.started, "data_on_disk": self.data_on_host}
 
     def close(self) -> None:
         try:
@@ -381,7 +388,8 @@ def _np_dtype(dtype: torch.dtype):
 
 
 def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
-              gpu_addresses: Optional[List[str]] = None, attempt: int = 0, slot: Optional[str] = None) -> dict:
+              gpu_addresses: Optional[List[str]] = None, attempt: int = 0, slot: Optional[str] = None,
+              data_on_host: bool = False) -> dict:
     """Run one agent in this Spark task until the driver says stop; return its summary.
 
     Takes an exclusive lock per (executor, device slot) so that a retried agent
@@ -399,7 +407,7 @@ def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: to
     sock_path = placement.agent_socket(spec.run_id, agent_id)
     srv = agent = None
     try:
-        agent = Agent(spec, agent_id, features, labels, gpu_addresses, attempt)
+        agent = Agent(spec, agent_id, features, labels, gpu_addresses, attempt, data_on_host)
         srv = listen(sock_path)
         server = threading.Thread(target=agent.serve, args=(srv,), daemon=True)
         server.start()

@@ -30,7 +30,7 @@ def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.
     import torch
     from pyspark import TaskContext
 
-    from mpca.data.arrow import batches_to_tensors
+    from mpca.data.spill import load_partition
 
     tc = TaskContext.get()
     agent_id = tc.partitionId()
@@ -38,13 +38,18 @@ def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.
     gpus = list(res["gpu"].addresses) if "gpu" in res else []
     slots = list(res["agentslot"].addresses) if "agentslot" in res else []
     torch.set_num_threads(max(1, tc.cpus()))
+    part = None
     try:
-        x, y = batches_to_tensors(batches, features, label, spec.input_shape)
+        part = load_partition(batches, features, label, spec.input_shape, spec.agent_memory_mb)
         # a retry within the stage attempt is a replacement; one in a resubmitted stage (lost shuffle input)
         # restarts at attempt 0, and the driver recognises it by its new process (see ExchangePlan.pids)
-        summary = run_agent(spec, agent_id, x, y, gpus, attempt=tc.attemptNumber(), slot=slots[0] if slots else None)
+        summary = run_agent(spec, agent_id, part.features, part.labels, gpus, attempt=tc.attemptNumber(),
+                            slot=slots[0] if slots else None, data_on_host=part.spilled)
     except Exception:  # reported, not raised: a user error must not be retried maxFailures times
         summary = {"agent": agent_id, "error": f"agent {agent_id} could not start:\n{traceback.format_exc()}"}
+    finally:
+        if part is not None:
+            part.close()  # the spill files, if any
     summary["attempt"] = tc.attemptNumber()
     yield pa.RecordBatch.from_pydict({"summary": [json.dumps(summary, default=str)]})
 

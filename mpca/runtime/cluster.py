@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from mpca.errors import ClusterTooSmallError, UserError
 
@@ -95,7 +95,13 @@ def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app
         for level in ("worker", "executor"):
             b = b.config(f"spark.{level}.resource.gpu.amount", str(fake_gpus_per_executor))
             b = b.config(f"spark.{level}.resource.gpu.discoveryScript", gpu)
-    for k, v in (conf or {}).items():
+    conf = dict(conf or {})
+    java_opts = conf.pop("spark.driver.extraJavaOptions", "")
+    if "log4j2.configurationFile" not in java_opts:  # ours: no warnings caused by our own settings
+        log_conf = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+        java_opts = f"{java_opts} -Dlog4j2.configurationFile=file:{log_conf}".strip()
+    b = b.config("spark.driver.extraJavaOptions", java_opts)
+    for k, v in conf.items():
         b = b.config(k, v)
     spark = b.getOrCreate()
     _watch_driver_jvm(spark)
@@ -195,6 +201,18 @@ def check_capacity(shape: ClusterShape, agents: int, use_gpus: bool) -> None:
             f"= room for {capacity}; lower 'agents' to {capacity} or add executors"
             + (" (executors may still be starting: raise 'executor_wait_s')" if shape.executors < agents else "")
         )
+
+
+def agents_fit(sc, settings) -> Tuple[ClusterShape, bool]:
+    """The cluster's shape (waiting up to ``cluster.executor_wait_s`` for the executors) and whether the agents
+    use GPUs, after checking that it can host ``training.agents`` agents (one line otherwise)."""
+    training = settings.training
+    shape = inspect_cluster(sc, training.agents, settings.cluster.executor_wait_s)
+    use_gpus = training.use_gpus if training.use_gpus is not None else shape.gpus_per_executor > 0
+    if use_gpus and shape.gpus_per_executor == 0:
+        raise UserError("use_gpus=True but the executors have no GPUs (set spark.executor.resource.gpu.amount)")
+    check_capacity(shape, training.agents, use_gpus)
+    return shape, use_gpus
 
 
 def agent_resource_profile(use_gpus: bool, pinned: bool):

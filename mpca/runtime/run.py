@@ -12,7 +12,7 @@ import torch
 
 from mpca.algorithm import ShardLayout
 from mpca.config import Settings
-from mpca.errors import RunFailedError, UserError
+from mpca.errors import RunFailedError
 from mpca.runtime import cluster
 from mpca.runtime.agent import AgentSpec, model_state
 from mpca.runtime.agent_job import AgentJob
@@ -35,11 +35,7 @@ class AgentRun:
         self.settings = settings
         algo, training = settings.algorithm, settings.training
         self.sc = spark.sparkContext
-        self.shape = cluster.inspect_cluster(self.sc, training.agents, settings.cluster.executor_wait_s)
-        use_gpus = training.use_gpus if training.use_gpus is not None else self.shape.gpus_per_executor > 0
-        if use_gpus and self.shape.gpus_per_executor == 0:
-            raise UserError("use_gpus=True but the executors have no GPUs (set spark.executor.resource.gpu.amount)")
-        cluster.check_capacity(self.shape, training.agents, use_gpus)
+        self.shape, use_gpus = cluster.agents_fit(self.sc, settings)
         self.agents = training.agents
         self.layout = ShardLayout.from_module(model, algo.num_shards, algo.buffers)
         self.bound = self.layout.bind_module(model, algo.buffers)
@@ -63,7 +59,8 @@ class AgentRun:
                               seed=settings.seed, max_payload=max_payload,
                               service=self.service.address if self.service else None,
                               rendezvous=self.rule.rendezvous(host, settings.cluster.service_port),
-                              cpus=training.agent_cpus, join_on_retry=algo.exchange == "cycle")
+                              cpus=training.agent_cpus, join_on_retry=algo.exchange == "cycle",
+                              agent_memory_mb=settings.data.agent_memory_mb)
         self.profile = cluster.agent_resource_profile(use_gpus, pinned=self.shape.agent_slots_per_executor > 0)
         self.job = AgentJob(self.sc, self.run_id)
         self.timeline = Timeline()

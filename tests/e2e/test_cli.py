@@ -146,7 +146,7 @@ def test_notebook_executes():
     nb = nbformat.read(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert "holdout error" in outputs and "predicted" in outputs
+    assert "holdout error" in outputs and "predicted" in outputs and "MLflow run" in outputs
 
 
 def test_unreadable_data_path_is_one_line_exit_2(tmp_path):

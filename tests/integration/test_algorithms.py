@@ -127,6 +127,25 @@ def test_rudra_protocols_train_digits_and_record_staleness(spark, name):
         assert max(sigmas) == 0.0
     else:
         assert max(sigmas) > 0.0
+    assert fit.history["updates"].sum() > 0 and fit.history["mean_staleness"].notna().any()  # ⟨σ⟩ in the history
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_weak_synchronization_trains_digits_synchronously_or_partially(spark, partial):
+    """c = k, b = 100%: every block iteration aggregates both agents' gradients, none is stale; c = 1 and
+    b = 50% (τ1 = τ2 = 0): iterations of one gradient, the other agent's stale blocks dropped and counted."""
+    settings = {"c": 1, "pull_fraction": 0.5} if partial else {}
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+                  algorithm={"name": "weaksync", "lr": 0.05, "blocks": 4, **settings}, max_seconds=10,
+                  eval_every_seconds=2, spark=spark).fit(dataset_dataframe(spark, "digits"))
+    server = fit.extra["driver"]
+    ds = [d for _, _, d in server.history]
+    assert len(ds) > 40 and fit.final.error < 0.6, (len(ds), fit.final.error)
+    if partial:
+        assert server.dropped > 0 and min(ds) == 1
+    else:
+        assert server.dropped == 0 and set(ds) == {2} and len(set(server.ts)) == 1
+    assert fit.history["block_updates"].sum() > 0 and "dropped" in fit.history  # the server's figures per evaluation
 
 
 def test_diloco_outer_step_is_nesterov_on_the_averaged_pseudo_gradient(spark):

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from mpca.bench.compare import compare, time_to
+from mpca.bench.compare import compare, parse_variant, time_to
 from mpca.config import load_config
 from mpca.report import strict_json
 
@@ -17,17 +17,33 @@ def test_time_to_target_reads_the_first_crossing():
     assert time_to(h, 0.2) == 2.0 and time_to(h, 0.05) == 4.0 and math.isnan(time_to(h, 0.01))
 
 
+def test_a_variant_is_a_label_and_an_algorithm_with_its_settings():
+    assert parse_variant("push+pull=weaksync,c=1,pull_fraction=0.75, push_timeout_s=0") == (
+        "push+pull", {"name": "weaksync", "c": 1, "pull_fraction": 0.75, "push_timeout_s": 0})
+    assert parse_variant("a0=rudra-softsync,n=2,modulate=false")[1] == {"name": "rudra-softsync", "n": 2,
+                                                                       "modulate": False}
+    for bad, why in [("weaksync", "LABEL=NAME"), ("x=c=3", "LABEL=NAME"), ("x=weaksync,c", "key=value"),
+                     ("x=nope", "unknown algorithm"), ("x=weaksync,pull_fraction=2", "pull_fraction")]:
+        with pytest.raises(ValueError, match=why):
+            parse_variant(bad)
+
+
 def test_compare_writes_table_json_and_plot_for_each_algorithm(spark, tmp_path):
     cfg = load_config(["conf/digits.yaml"], ["progress=off"])
-    summary = compare(spark, cfg, ["mpca", "single", "mpca:gamma0"], [0.5, 0.2], 10.0, 1, str(tmp_path), "none (test)")
+    variants = {"soft:2": {"name": "rudra-softsync", "n": 2, "lr": 0.1}}
+    summary = compare(spark, cfg, ["mpca", "single", "mpca:gamma0", "soft:2"], [0.5, 0.2], 10.0, 1, str(tmp_path),
+                      "none (test)", variants=variants)
     tab = pd.read_csv(tmp_path / "compare.csv")
-    assert list(tab["algorithm"]) == ["mpca", "single", "mpca:gamma0"]
+    assert list(tab["algorithm"]) == ["mpca", "single", "mpca:gamma0", "soft:2"]
+    soft = tab.set_index("algorithm").loc["soft:2"]
+    assert soft["updates"] > 10 and soft["mean staleness"] > 0  # the algorithm's own figures, in the table
     assert {"t(50%) s", "t(50%)/single", "t(50%)/mpca", "final error %", "MB moved", "duty cycle"} <= set(tab.columns)
     single = tab.set_index("algorithm").loc["single"]
     assert single["t(50%)/single"] == pytest.approx(1.0) and single["MB moved"] > 0  # observing costs bytes too
     js = json.loads((tmp_path / "compare.json").read_text())
     assert js == json.loads(json.dumps(strict_json(summary), default=str))
-    assert set(js["algorithms"]) == {"mpca", "single", "mpca:gamma0"} and js["network"] == "none (test)"
+    assert set(js["algorithms"]) == {"mpca", "single", "mpca:gamma0", "soft:2"} and js["network"] == "none (test)"
+    assert js["algorithms"]["soft:2"]["algorithm"]["n"] == 2 and js["algorithms"]["soft:2"]["figures"]["updates"] > 10
     for label, r in js["algorithms"].items():
         assert r["final_error"] < 0.5, (label, r)  # each learned on the same data
         assert 0 < r["duty_cycle"] <= 1

@@ -7,6 +7,7 @@ import pytest
 
 from mpca.cli import main
 from mpca.config import load_config
+from mpca.errors import UserError
 
 MISTAKES = [
     (["training.agnts=2"], "unknown configuration key 'training.agnts'"),
@@ -139,7 +140,9 @@ def _bad_inputs(tmp):
         (train + ["cluster.service_port=70000"], "'cluster.service_port'"),
         (train + ["cluster.master=sc://spark-connect:15002"], "Spark Connect"),
         (train + ["training.min_agents=3"], "min_agents=3 exceeds training.agents=2"),
-        (train + ["data.path=x.parquet"], "give exactly one of data.dataset"),
+        (train + ["data.path=x.parquet"], "data.path 'x.parquet' does not exist"),  # the override's source wins
+        (train + ["data.path=x.csv", "data.format=csv"], "Spark reads as csv"),
+        (train + ["data.format=csv;"], "data.format"),
         (["bench", "compare", "--algorithms", "mpca,adam"], "unknown 'adam'"),
         (["bench", "compare", "--targets", "0.1,x"], "--targets"),
         (["bench", "compare", "--straggler", "fast"], "--straggler takes AGENT:SPEED"),
@@ -157,7 +160,7 @@ def _bad_inputs(tmp):
     ]
 
 
-CASES = len(MISTAKES) + 25  # with the cases below MISTAKES in _bad_inputs; the test checks the total
+CASES = len(MISTAKES) + 27  # with the cases below MISTAKES in _bad_inputs; the test checks the total
 
 
 @pytest.mark.parametrize("case", range(CASES))
@@ -189,3 +192,49 @@ def test_a_failed_job_still_writes_its_summary(tmp_path, capsys):
                  f"data.path={tmp_path}/missing.parquet"]) == 2
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "user_error" and summary["exit_code"] == 2 and "data.path" in summary["message"]
+
+
+def test_a_later_data_source_replaces_the_earlier_one(tmp_path):
+    assert load_config(["conf/digits.yaml"], ["data.path=x.csv"]).data.dataset is None
+    d = load_config(["conf/digits.yaml"], ["data.table=db.t"]).data
+    assert (d.dataset, d.path, d.table) == (None, None, "db.t")
+    assert load_config(["conf/digits.yaml"], ["data.path=x", "data.dataset=mnist5k"]).data.path is None
+    layer = tmp_path / "source.yaml"
+    layer.write_text("data:\n  path: /data/x.parquet\n")
+    d = load_config(["conf/digits.yaml", str(layer)]).data
+    assert (d.dataset, d.path) == (None, "/data/x.parquet")
+    with pytest.raises(UserError, match="exactly one"):
+        load_config(["conf/digits.yaml"], ["data.dataset=null"])
+
+
+def test_a_java_exception_through_py4j_is_reported_by_its_own_message():
+    from mpca.errors import error_line
+
+    class Py4JLike(Exception):
+        pass
+
+    e = Py4JLike("An error occurred while calling o59.load.\n: org.apache.spark.SparkClassNotFoundException: "
+                 "[DATA_SOURCE_NOT_FOUND] Failed to find the data source: nosuch.\n\tat org.apache.spark.X(X.scala:1)")
+    assert error_line(e) == "SparkClassNotFoundException: [DATA_SOURCE_NOT_FOUND] Failed to find the data source: nosuch."
+    assert error_line(ValueError("plain\nsecond")) == "plain" and error_line(ValueError()) == "ValueError"
+
+
+def test_version_quiet_verbose_and_the_resolved_config(tmp_path, capsys):
+    from mpca.config import resolved_yaml
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("mpca 0.")
+    assert main(["-v", "train", "-q", "-c", "conf/digits.yaml"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
+    cfg = load_config(["conf/digits.yaml"], ["algorithm.name=weaksync", "algorithm.c=1", "data.path=x.csv",
+                                             "data.format=csv"])
+    again = tmp_path / "config.yaml"
+    again.write_text(resolved_yaml(cfg))
+    assert load_config([str(again)]) == cfg  # the saved config reruns the same job
+
+
+def test_a_dry_run_reports_problems_before_spark_as_one_line(tmp_path, capsys):
+    code = main(["train", "--dry-run", "-c", "conf/digits.yaml", f"run.output_dir={tmp_path}/out",
+                 f"data.path={tmp_path}/missing.parquet"])
+    assert code == 2 and "does not exist" in capsys.readouterr().err and not (tmp_path / "out").exists()

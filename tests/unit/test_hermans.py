@@ -7,6 +7,7 @@ import torch
 
 from mpca.algorithm import AgentContext, ShardLayout, build_algorithm
 from mpca.algorithm.hermans import CommitAgent, server_update
+from tests.helpers import InProcessService
 
 
 def T(*v):
@@ -40,17 +41,6 @@ def test_the_server_measures_staleness_per_worker_and_keeps_adag_pull_snapshots(
         server.serve(0, {"op": "commit"}, T(1.0))  # wrong size
 
 
-class _Service:
-    """The driver's service in-process: the agent's request goes straight to a server rule."""
-
-    def __init__(self, server):
-        self.server = server
-
-    def request(self, header, payload):
-        reply, center = self.server.serve(header["agent"], header, torch.from_numpy(np.asarray(payload).copy()))
-        return reply, center.numpy().tobytes()
-
-
 def test_a_worker_commits_its_accumulated_update_every_lambda_steps_and_pulls_the_centre():
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
@@ -58,7 +48,7 @@ def test_a_worker_commits_its_accumulated_update_every_lambda_steps_and_pulls_th
     server = build_algorithm({"name": "agn", "every": 2}).driver_rule([layout.bind_module(model).read(0)], 2)
     ctx = AgentContext(agent_id=0, agents=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
                        shards=layout.bind_module(model), device=torch.device("cpu"), lock=threading.Lock(),
-                       service=_Service(server), stats=lambda: {"steps": 99, "loss": 0.5})  # the agent's counters
+                       service=InProcessService(server), stats=lambda: {"steps": 99, "loss": 0.5})  # the agent's counters
     a = CommitAgent(ctx, every=2)
     start = ctx.shards.read(0)
     with torch.no_grad():
@@ -80,3 +70,36 @@ def test_aeasgd_is_easgd_with_alpha_rho_eta_and_names_follow_the_thesis():
         build_algorithm({"name": "aeasgd", "rho": 50.0, "eta": 0.1}).driver_rule([T(0.0)], 2)
     for name in ("downpour", "agn", "adag", "dynsgd", "aeasgd"):
         assert build_algorithm({"name": name}).exchange == "service"
+
+
+def _round_robin(name: str, workers: int = 16, every: int = 10, lr: float = 0.1, commits: int = 480) -> float:
+    """Thesis Fig. 3.2 / 4.4 on f(x) = ½‖x‖², deterministically: ``workers`` workers take turns; each runs
+    λ = ``every`` SGD steps from the centre it pulled and commits Δ = x_λ − x_pull (staleness workers − 1)."""
+    server = build_algorithm({"name": name, "every": every}).driver_rule([torch.ones(4, dtype=torch.float64)],
+                                                                         workers)
+    pulled = {a: server.joint[0].clone() for a in range(workers)}
+    for i in range(commits):
+        a = i % workers
+        delta = pulled[a] * ((1 - lr) ** every - 1)  # λ steps of x ← x − η x, minus where it started
+        _, pulled[a] = server.serve(a, {"op": "commit", "accumulated": every}, delta)
+    return float(server.joint[0].norm())
+
+
+def test_with_many_workers_accumulated_downpour_diverges_where_agn_and_adag_stay_bounded():
+    start = 2.0  # ‖(1, 1, 1, 1)‖
+    assert _round_robin("downpour") > 1e3 * start  # 16 stale commits of −0.65·x each: unstable
+    assert _round_robin("agn") < start and _round_robin("adag") < start  # Δ/λ: bounded, converging
+    assert _round_robin("downpour", workers=1) < start  # one worker: DOWNPOUR is fine
+
+
+def test_agn_with_lambda_one_is_downpour_and_adag_with_no_staleness_is_plain_sgd():
+    deltas = [T(0.5, -1.0), T(-0.25, 0.75), T(1.0, 1.0)]
+    for staleness in (0, 2):
+        c_agn = c_down = T(1.0, 2.0)
+        for d in deltas:
+            c_agn, c_down = server_update("agn", c_agn, d, 1, staleness), server_update("downpour", c_down, d, 1, staleness)
+            assert torch.equal(c_agn, c_down)
+    c = T(1.0, 2.0)
+    for d in deltas:  # τ = 0: the centre has not moved since the pull, the scale is 1: x̃ + Δ/λ, SGD's step
+        assert torch.equal(server_update("adag", c, d, 2, 0, pulled=c.clone()), c + d / 2)
+        c = c + d / 2

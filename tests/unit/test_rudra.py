@@ -7,6 +7,7 @@ import torch
 
 from mpca.algorithm import AgentContext, ShardLayout, build_algorithm
 from mpca.algorithm.rudra import RudraLearner
+from tests.helpers import InProcessService
 
 
 def T(*v):
@@ -75,15 +76,6 @@ def test_hardsync_waits_for_every_learner_and_scales_the_rate_by_sqrt_lambda_mu_
     assert not waiting.is_alive() and got[2][0]["ts"] == 1
 
 
-class _Service:
-    def __init__(self, server):
-        self.server = server
-
-    def request(self, header, payload):
-        reply, w = self.server.serve(header["agent"], header, torch.from_numpy(np.asarray(payload).copy()))
-        return reply, w.numpy().tobytes()
-
-
 def test_a_learner_pushes_its_gradient_and_takes_the_servers_weights_instead_of_its_own_step():
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
@@ -91,7 +83,7 @@ def test_a_learner_pushes_its_gradient_and_takes_the_servers_weights_instead_of_
     shards = layout.bind_module(model)
     server = build_algorithm({"name": "rudra-async", "lr": 0.1}).driver_rule([shards.read(0)], 2)
     ctx = AgentContext(agent_id=0, agents=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=5.0),
-                       shards=shards, device=torch.device("cpu"), lock=threading.Lock(), service=_Service(server))
+                       shards=shards, device=torch.device("cpu"), lock=threading.Lock(), service=InProcessService(server))
     learner = RudraLearner(ctx)
     start = shards.read(0)
     x = torch.tensor([[1.0, 2.0]])
@@ -102,3 +94,34 @@ def test_a_learner_pushes_its_gradient_and_takes_the_servers_weights_instead_of_
     ctx.optimizer.step()  # the local optimizer's step (lr 5) is overwritten by the server's weights
     learner.after_step()
     assert torch.allclose(shards.read(0), start - 0.1 * grad) and learner.ts == 1
+
+
+def _mean_staleness(n: int, learners: int = 8, rounds: int = 50, seed=None) -> float:
+    """λ homogeneous learners push in turn (a shuffled turn order per round when ``seed`` is given), each with
+    the timestamp of the weights it pulled at its last push; the mean of ⟨σ⟩ over the updates."""
+    s = _server({"name": "rudra-softsync", "n": n, "lr": 0.01}, agents=learners)
+    held = {a: 0 for a in range(learners)}
+    rng = np.random.default_rng(seed)
+    for _ in range(rounds):
+        order = rng.permutation(learners) if seed is not None else range(learners)
+        for a in order:
+            reply, _ = s.serve(int(a), {"op": "push", "ts": held[a]}, T(1.0))
+            held[a] = reply["ts"]
+    return float(np.mean([sigma for _, sigma, _ in s.history]))
+
+
+def test_with_lambda_homogeneous_learners_the_mean_staleness_is_about_n():
+    """Rudra's Fig. 3: ⟨σ⟩ ≈ 1 for 1-softsync, ≈ 2 for 2-softsync, ≈ λ for λ-softsync (= async).  Here, with
+    λ = 8: 0.86, 1.73, 3.46, 6.93 — between n − 1 and n (an async learner misses the λ − 1 others' updates)."""
+    for n in (1, 2, 4, 8):
+        for seed in (None, 7):
+            sigma = _mean_staleness(n, seed=seed)
+            assert n - 1.1 <= sigma <= n, (n, seed, sigma)
+    assert _mean_staleness(8) > _mean_staleness(4) > _mean_staleness(2) > _mean_staleness(1)
+
+
+def test_a_learner_started_after_a_resume_is_not_counted_stale():
+    s = _server({"name": "rudra-async", "lr": 1.0})
+    s.load_state_dict({"joint": [T(0.0)], "ts": 40})
+    reply, _ = s.serve(0, {"op": "push", "ts": None}, T(1.0))  # its first push, on the model it was given
+    assert reply["ts"] == 41 and s.history[-1][1] == 0.0

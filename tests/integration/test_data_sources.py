@@ -1,0 +1,68 @@
+"""Data beyond an agent's memory and sources beyond Parquet, on the shared local-cluster."""
+import json
+
+import pandas as pd
+import pytest
+
+from mpca import cli
+from mpca.config import load_config
+from mpca.data.datasets import dataset_dataframe, load
+from mpca.errors import UserError
+from mpca.job import read_source
+from mpca.trainer import Trainer
+from tests import helpers
+
+pytestmark = pytest.mark.cluster()
+
+
+def test_agents_train_from_partitions_spilled_to_local_disk(spark):
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, max_seconds=8,
+                  eval_every_seconds=2, data={"input_shape": [1, 8, 8], "agent_memory_mb": 0.0},
+                  spark=spark).fit(dataset_dataframe(spark, "digits"))
+    assert [a["data_on_disk"] for a in fit.agents] == [True, True]
+    assert fit.final.error < 0.3, fit.final.error
+    same = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, max_cycles=3,
+                   data={"input_shape": [1, 8, 8], "agent_memory_mb": 1000.0}, spark=spark).fit(
+        dataset_dataframe(spark, "digits"))
+    assert [a["data_on_disk"] for a in same.agents] == [False, False]  # within the budget: in memory
+
+
+def _digits_csv(tmp_path):
+    x, y = load("digits")
+    frame = pd.DataFrame(x.reshape(len(x), -1), columns=[f"p{i}" for i in range(64)])
+    frame["digit"] = y
+    path = tmp_path / "digits.csv"
+    frame.to_csv(path, index=False)
+    return str(path)
+
+
+def test_the_cli_trains_on_and_scores_a_csv_file_with_feature_columns(spark, tmp_path):
+    path = _digits_csv(tmp_path)
+    cols = ", ".join(f"p{i}" for i in range(64))
+    source = ["cluster.master=existing", f"data.path={path}", "data.format=csv", "data.label=digit",
+              "data.options={header: 'true', inferSchema: 'true'}", f"data.feature_columns=[{cols}]"]
+    code = cli.main(["train", "-c", "conf/digits.yaml", f"run.output_dir={tmp_path}/out", "progress=off",
+                     "stop.target_error=null", "stop.max_seconds=10", *source])
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert code == 0 and summary["final_holdout_error"] < 0.5, summary
+    code = cli.main(["predict", "-c", "conf/digits.yaml", "--model", str(tmp_path / "out" / "model.pt"),
+                     "--data", path, "--out", str(tmp_path / "scored"), *source])
+    scored = spark.read.parquet(str(tmp_path / "scored")).toPandas()
+    assert code == 0 and len(scored) == len(load("digits")[1]) and "p0" in scored and "features" not in scored
+    assert (scored["prediction"] == scored["digit"]).mean() > 0.5
+
+
+def test_a_catalog_table_is_a_source_and_unreadable_sources_are_one_line(spark, tmp_path):
+    dataset_dataframe(spark, "digits").createOrReplaceTempView("mpca_digits")
+    d = load_config(["conf/digits.yaml"], ["data.table=mpca_digits"]).data
+    df = read_source(spark, d)
+    assert df.count() == len(load("digits")[1]) and {"features", "label"} <= set(df.columns)
+    bad = [(["data.table=no_such_table"], "no_such_table"),
+           ([f"data.path={tmp_path}", "data.format=nosuchformat"], "needs its package"),
+           ([f"data.path={_digits_csv(tmp_path)}", "data.format=csv", "data.options={header: 'true'}",
+             "data.feature_columns=[p0, nope]"], "nope")]
+    for overrides, why in bad:
+        d = load_config(["conf/digits.yaml"], overrides).data
+        with pytest.raises(UserError, match=why) as e:
+            read_source(spark, d)
+        assert "\n" not in str(e.value)
