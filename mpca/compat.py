@@ -33,7 +33,19 @@ def collect_map_in_arrow(df, fn, schema: str, profile) -> list:
 
 
 def dataframe_from_arrow(spark, table: pa.Table):
+    """A DataFrame of a (small, driver-side) Arrow table."""
     try:
         return spark.createDataFrame(table)
-    except (TypeError, ValueError):  # Spark 3.5: no pyarrow.Table input
-        return spark.createDataFrame(table.to_pandas())
+    except (TypeError, ValueError):  # Spark 3.5: no pyarrow.Table input; from pandas through Arrow, typed
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        key = "spark.sql.execution.arrow.pyspark.enabled"  # off in a plain spark-submit session: rows of
+        before = spark.conf.get(key, None)                  # numpy arrays then cannot be typed
+        spark.conf.set(key, "true")
+        try:
+            return spark.createDataFrame(table.to_pandas(), schema=from_arrow_schema(table.schema))
+        finally:
+            if before is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, before)

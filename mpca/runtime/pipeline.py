@@ -134,7 +134,9 @@ class ExchangePipeline:
         landed where no unclaimed agent was, run corrective jobs for the agents still missing either — within
         the bounded wait, and never for agents already counted absent (hung or lost)."""
         K = len(self.agents)
-        first = K + len(self.absent) * self.executors  # extra tasks find absent agents that came back elsewhere
+        # extra tasks find absent agents that came back elsewhere; with fewer agents than executors some
+        # executor has none, and K tasks would often land there: reach every executor at once
+        first = self.spread(K) if K < self.executors else K + len(self.absent) * self.executors
         parts = [(deliver, first, bc), (reduce, first, None)] if deliver else [(reduce, first, bc)]
         if deliver and not self.rule.deliver_before_yield:
             parts.reverse()  # reduce tasks first: they need no download and yield at once
@@ -341,8 +343,12 @@ class ExchangePipeline:
                                      f"(agents seen: {sorted(seen)}); check executor logs")
             if not agent_job_alive():
                 raise RunFailedError(f"the agents' Spark job ended before all agents came up: {why_ended()}")
-            plan = self._plan(f"hello{attempt}", "hello", wait_for_agent_s=10.0)
-            res = self.run_job(plan, self.spread(expected, attempt), None, f"mpca: waiting for agents (attempt {attempt})")
+            # fewer agents than executors: some executor has none, so reach every executor at once and let the
+            # tasks that find no agent give up soon, rather than waiting 10 s on an agent-less executor
+            sparse = expected < self.executors
+            plan = self._plan(f"hello{attempt}", "hello", wait_for_agent_s=2.0 if sparse else 10.0)
+            res = self.run_job(plan, self.spread(expected, 1 if sparse else attempt), None,
+                               f"mpca: waiting for agents (attempt {attempt})")
             for a, e in res["agents"].items():
                 if e.error:
                     raise RunFailedError(f"agent {a} failed: {e.error}")

@@ -146,3 +146,32 @@ def test_a_local_clusters_jvm_does_not_outlive_its_killed_python_driver():
         time.sleep(0.2)
     gone = not os.path.exists(f"/proc/{jvm}") or open(f"/proc/{jvm}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
     assert gone, "the stand-in JVM outlived its killed driver"
+
+
+def test_with_fewer_agents_than_executors_jobs_reach_every_executor_at_once(monkeypatch):
+    """One agent on two executors: the start handshake and each cycle send tasks to every executor (K tasks
+    would often land on the agent-less one: a 10 s wait at start, a corrective job per cycle)."""
+    from mpca.runtime.pipeline import CycleRecord as Rec
+
+    sent, agents = [], [0]
+
+    def fake(plan, tasks, bc, description, purpose="control"):
+        sent.append((plan.op, tasks, plan.wait_for_agent_s))
+        return _answered(*agents)
+
+    p = _pipeline(executors=2)
+    p.agents = [0]
+    monkeypatch.setattr(p, "run_job", fake)
+    monkeypatch.setattr(p, "run_parts", lambda parts, d, purpose: fake(parts[0][0], parts[0][1], None, d))
+    p.hello(1, 5.0, lambda: True)
+    plan = p._plan("c0", "reduce")
+    p._job_with_corrections(plan, None, None, "cycle 0", Rec(0, 0, None, t_submit=0.0))
+    assert sent == [("hello", 4, 2.0), ("reduce", 4, 0.0)]
+    sent.clear()
+    agents.append(1)
+    p = _pipeline(executors=2)  # two agents on two executors: exactly K tasks, as before
+    monkeypatch.setattr(p, "run_job", fake)
+    monkeypatch.setattr(p, "run_parts", lambda parts, d, purpose: fake(parts[0][0], parts[0][1], None, d))
+    monkeypatch.setattr(p, "_track_agents", lambda rec, result: None)
+    p._job_with_corrections(plan, None, None, "cycle 0", Rec(0, 0, None, t_submit=0.0))
+    assert sent[0][1] == 2
