@@ -103,6 +103,25 @@ class AgentRule:
     def close(self) -> None: ...
 
 
+class GradientPusher(AgentRule):
+    """An agent rule that sends its mini-batch gradient to the parameter service (Rudra, PSP-SGD): the
+    gradients of the exchanged tensors as one vector in the layout of shard 0 (zeros where a tensor has
+    none, e.g. BatchNorm's running statistics)."""
+
+    def __init__(self, ctx: AgentContext):
+        super().__init__(ctx)
+        if ctx.service is None:
+            raise ValueError(f"{type(self).__name__} needs the driver's parameter service")
+        from mpca.algorithm.sharding import exchanged_tensors
+
+        n = len(ctx.shards.layout.specs)
+        self._tensors = [t for _, t in exchanged_tensors(ctx.model, "average")][:n]
+
+    def gradient(self) -> torch.Tensor:
+        grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in self._tensors]
+        return self.ctx.shards.layout.bind([g.detach() for g in grads]).read(0)
+
+
 class RunningMean:
     """Count and mean of the values added since the last :meth:`take` (constant memory)."""
 

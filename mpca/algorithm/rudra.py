@@ -25,31 +25,22 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from mpca.algorithm.base import AgentRule, Algorithm, DriverRule, RunningMean
+from mpca.algorithm.base import Algorithm, DriverRule, GradientPusher, RunningMean
 from mpca.algorithm.registry import register
-from mpca.algorithm.sharding import exchanged_tensors
 
 
-class RudraLearner(AgentRule):
+class RudraLearner(GradientPusher):
     """After each backward pass: push the gradient with the weights' timestamp, pull the server's weights."""
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        if ctx.service is None:
-            raise ValueError("Rudra needs the driver's parameter service")
-        n = len(ctx.shards.layout.specs)
-        self._tensors = [t for _, t in exchanged_tensors(ctx.model, "average")][:n]
         self.ts: Optional[int] = None  # None: the timestamp of the model it was started or reset from (the server's)
         self.pushes = 0
         self._pulled: Optional[torch.Tensor] = None
 
-    def _gradient(self) -> torch.Tensor:
-        grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in self._tensors]
-        return self.ctx.shards.layout.bind([g.detach() for g in grads]).read(0)
-
     def after_backward(self) -> None:
         header = {**self.ctx.stats(), "op": "push", "agent": self.ctx.agent_id, "ts": self.ts}
-        grad = self._gradient()
+        grad = self.gradient()
         reply, payload = self.ctx.service.request(header, grad.numpy())
         self.ts = int(reply["ts"])
         self._pulled = torch.from_numpy(np.frombuffer(payload, dtype=grad.numpy().dtype).copy())

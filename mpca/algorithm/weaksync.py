@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from mpca.algorithm.base import AgentRule, Algorithm, DriverRule, RunningMean
+from mpca.algorithm.base import Algorithm, DriverRule, GradientPusher, RunningMean
 from mpca.algorithm.registry import register
 
 MAX_BLOCKS = 256  # the block timestamps travel in the JSON header
@@ -61,17 +61,12 @@ def block_bounds(numel: int, blocks: int) -> List[Tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
 
 
-class WeakSyncWorker(AgentRule):
+class WeakSyncWorker(GradientPusher):
     """After each backward pass: push the gradient's blocks with the timestamps of the blocks used, pull the
     newer blocks (partial pull); after the local optimizer's step, put back the blocks held."""
 
     def __init__(self, ctx, blocks: int):
         super().__init__(ctx)
-        if ctx.service is None:
-            raise ValueError("weak synchronization needs the driver's parameter service")
-        from mpca.algorithm.sharding import exchanged_tensors
-
-        self._tensors = [t for _, t in exchanged_tensors(ctx.model, "average")][:len(ctx.shards.layout.specs)]
         with ctx.lock:
             self.held = ctx.shards.read(0)  # the server's w⁰: the runtime starts every agent from the joint model
         self.bounds = block_bounds(self.held.numel(), blocks)
@@ -80,12 +75,8 @@ class WeakSyncWorker(AgentRule):
         self.iterations = 0
         self.blocks_taken = 0
 
-    def _gradient(self) -> torch.Tensor:
-        grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in self._tensors]
-        return self.ctx.shards.layout.bind([g.detach() for g in grads]).read(0)
-
     def after_backward(self) -> None:
-        grad = self._gradient()
+        grad = self.gradient()
         header = {**self.ctx.stats(), "op": "push", "agent": self.ctx.agent_id, "ts": self.have}
         reply, payload = self.ctx.service.request(header, grad.numpy())
         if self.have is None:
