@@ -174,6 +174,15 @@ def training_functions(cfg: JobConfig):
             functools.partial(build_optimizer, opt.name, opt.lr, opt.momentum, opt.weight_decay))
 
 
+def _check_cluster_locations(cfg: JobConfig) -> None:
+    """Output and checkpoint URIs, checked through the cluster's Hadoop once the session is up."""
+    from mpca import storage
+
+    for where in (cfg.run.output_dir, cfg.checkpoint.dir):
+        if where and storage.is_uri(where):
+            storage.check_location(where)
+
+
 def dry_run(cfg: JobConfig, spark=None) -> int:
     """Everything ``run`` checks before training — the config, the model, the output and checkpoint
     locations, the data source (read, one aggregate job and one batch through the model) and the cluster's
@@ -196,9 +205,7 @@ def dry_run(cfg: JobConfig, spark=None) -> int:
         spark, own_session = _session(cfg)
     try:
         require_classic(spark)
-        for where in (out, cfg.checkpoint.dir):
-            if where and storage.is_uri(where):
-                storage.check_location(where)
+        _check_cluster_locations(cfg)
         d = cfg.data
         df = _data(spark, cfg)
         check_dataframe(df, d.features, d.label, d.input_shape, *training_functions(cfg))
@@ -214,7 +221,6 @@ def dry_run(cfg: JobConfig, spark=None) -> int:
 
 
 def run(cfg: JobConfig, spark=None) -> JobResult:
-    from mpca import storage
     from mpca.models import check_model_name
     from mpca.stopping import StopSignals
     from mpca.trainer import Trainer
@@ -231,9 +237,7 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
         spark, own_session = _session(cfg)
     t0 = time.time()
     try:
-        for where in (out, cfg.checkpoint.dir):  # cluster URIs: checked through the cluster's Hadoop, now
-            if where and storage.is_uri(where):
-                storage.check_location(where)
+        _check_cluster_locations(cfg)
         df = _data(spark, cfg)
         trainer = Trainer(*training_functions(cfg), cfg, spark=spark, on_cycle=trackers)  # settings passed whole
         with StopSignals() as signals:

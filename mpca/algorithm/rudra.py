@@ -74,6 +74,7 @@ class RudraServer(DriverRule):
         self.cond = threading.Condition(self.lock)
         self.stopping = False
         self._sigma = RunningMean()
+        self._lr = self.lr  # the last update's learning rate
 
     def reduce_shard(self, cycle):
         return None
@@ -114,7 +115,7 @@ class RudraServer(DriverRule):
         """Updates since the last call, their mean ⟨σ⟩ (the paper's Fig. 3) and the last learning rate."""
         with self.lock:
             n, sigma = self._sigma.take()
-            return {"updates": n, "mean_staleness": sigma, "lr": getattr(self, "_lr", self.lr)}
+            return {"updates": n, "mean_staleness": sigma, "lr": self._lr}
 
     def on_stop(self) -> None:
         """The run ends: learners waiting for the others' gradients take the current weights and stop."""

@@ -72,8 +72,6 @@ class WeakSyncWorker(GradientPusher):
         self.bounds = block_bounds(self.held.numel(), blocks)
         self.have: Optional[List[int]] = None  # the timestamp of each block held (None: those of the model it was
         # started or reset from — the server's at that moment, also after a resume or a rejoin)
-        self.iterations = 0
-        self.blocks_taken = 0
 
     def after_backward(self) -> None:
         grad = self.gradient()
@@ -88,8 +86,6 @@ class WeakSyncWorker(GradientPusher):
             self.held[lo:hi] = values[at:at + hi - lo]
             self.have[i] = int(ts)
             at += hi - lo
-        self.iterations += 1
-        self.blocks_taken += len(reply["blocks"])
 
     def after_step(self) -> None:
         self.ctx.shards.write(0, self.held)  # the server's blocks (new or kept) replace the local step
@@ -111,7 +107,7 @@ class BlockServer(DriverRule):
         if not 1 <= c <= agents:
             raise ValueError(f"c (gradients per iteration) must be within 1..{agents} (the agents), got {c}")
         self.bounds = block_bounds(self.joint[0].numel(), blocks)
-        self.c, self.b, self.tau1, self.tau2, self.lr = c, pull_fraction, push_timeout_s, pull_timeout_s, lr
+        self.c, self.tau1, self.tau2, self.lr = c, push_timeout_s, pull_timeout_s, lr
         self.need = max(1, math.ceil(pull_fraction * blocks - 1e-9))  # blocks a pull waits for
         self.ts = [0] * blocks
         self.sums = torch.zeros_like(self.joint[0])

@@ -12,12 +12,11 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from mpca.errors import UserError
+from mpca.errors import UserError, error_line
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+    return f"{type(e).__name__}: {error_line(e)}"
 
 
 def check_label_range(lo: Optional[float], hi: Optional[float], rows: int, label: str) -> None:

@@ -82,19 +82,13 @@ class _Spill:
                       shape=(self.rows, *self.shape))
         y = np.memmap(os.path.join(self.directory, f"labels.{self.label_dtype.name}"), dtype=self.label_dtype,
                       mode="r+", shape=(self.rows,))
-        return Partition(torch.from_numpy(x), _labels(y), self.directory)
+        return Partition(torch.from_numpy(x), torch.from_numpy(y), self.directory)
 
     def abort(self) -> None:
         for f in (self._x, self._y):
             if f is not None:
                 f.close()
         shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def _labels(y: np.ndarray) -> torch.Tensor:
-    if np.issubdtype(y.dtype, np.integer):
-        return torch.from_numpy(y if y.dtype == np.int64 else y.astype(np.int64))
-    return torch.from_numpy(y if y.dtype == np.float32 else y.astype(np.float32))
 
 
 def load_partition(batches: Iterable[pa.RecordBatch], features: str, label: str, input_shape: Sequence[int],

@@ -1,7 +1,6 @@
 """Hermans' parameter-server rules (DOWNPOUR, AGN, ADAG, DynSGD, AEASGD) against hand-computed values."""
 import threading
 
-import numpy as np
 import pytest
 import torch
 
