@@ -319,9 +319,11 @@ class Agent:
                     while len(self._unsettled) > 64:  # the driver confirms within a cycle or two
                         self._unsettled.pop(min(self._unsettled))
                 counters = self._counters()
+                resets = self.resets
             if not bool(torch.isfinite(vec).all()):  # never let NaN/Inf reach the joint model (checked unlocked)
                 with self._served():
-                    self._reset(f"non-finite values in shard {s}")
+                    if self.resets == resets:  # not already reset since the read (the step loop checks too)
+                        self._reset(f"non-finite values in shard {s}")
                 vec, weight = torch.zeros_like(vec), 0.0
             rep = self.report(weight=float(weight), extra=extra, **{k: counters[k] for k in
                                                                   ("steps_per_s", "loss", "exchange_s", "alive_s")})

@@ -72,6 +72,27 @@ def test_a_non_finite_shard_is_never_yielded_and_the_agent_goes_back_to_the_join
     assert a.rule.tau == [0, 0] and a.rule.ctx.optimizer is a.optimizer  # counting starts over, fresh optimizer
 
 
+def test_a_yield_that_read_a_non_finite_shard_does_not_reset_again_after_the_step_loop_did(monkeypatch):
+    """The shard is read under the step lock and checked after it; if the training loop's own check reset the
+    agent in between, the yield must not reset it a second time (seen as 3 resets for one fault on 2 cores)."""
+    a = _agent()
+    with torch.no_grad():
+        a.model.weight.fill_(float("nan"))
+    real = torch.isfinite
+
+    def loop_resets_first(t):
+        with a.lock:
+            if a.resets == 0:
+                a._reset("loss nan at step 50")  # the step loop, between the read and the check
+        return real(t)
+
+    import mpca.runtime.agent as agent_module
+
+    monkeypatch.setattr(agent_module.torch, "isfinite", loop_resets_first)
+    header, payload = a.handle({"op": "yield", "shard": 0}, b"")
+    assert header["weight"] == 0 and a.resets == 1  # nothing of the NaN goes up, one reset for one fault
+
+
 class _AffinityProbe(torch.nn.Linear):
     seen = []
 
