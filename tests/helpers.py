@@ -96,18 +96,20 @@ def bn_cnn():
     return BatchNormCNN()
 
 
-def hanging_cnn_fn():
-    """A fresh SmallCNN model_fn whose agent 1 stops its own process for 8 s once (mpca.bench.faults)."""
+def hanging_cnn_fn(after=None):
+    """A fresh SmallCNN model_fn whose agent 1 stops its own process for 8 s once (mpca.bench.faults), once the
+    file ``after`` exists when given."""
     from mpca.bench.faults import faulty
 
-    return faulty(small_cnn, "hang")
+    return faulty(small_cnn, "hang", after=after)
 
 
-def executor_killing_cnn_fn():
-    """A fresh SmallCNN model_fn whose agent 1 kills its executor's JVM once (mpca.bench.faults)."""
+def executor_killing_cnn_fn(after=None):
+    """A fresh SmallCNN model_fn whose agent 1 kills its executor's JVM once (mpca.bench.faults), once the file
+    ``after`` exists when given."""
     from mpca.bench.faults import faulty
 
-    return faulty(small_cnn, "kill-executor")
+    return faulty(small_cnn, "kill-executor", after=after)
 
 
 def assert_replayed_handshake_refused(connect_raw, secret: bytes) -> None:

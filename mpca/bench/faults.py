@@ -18,7 +18,7 @@ import signal
 import subprocess
 import tempfile
 import uuid
-from typing import Callable
+from typing import Callable, Optional
 
 from torch import nn
 
@@ -27,21 +27,24 @@ FAULTS = ("none", "hang", "kill-executor")
 
 class FaultyAgent(nn.Module):
     """``inner`` with a fault fired once, by the first process of agent 1 that gets ``marker`` (a file
-    created atomically: a replacement of a killed agent, in any stage attempt, does not fire again)."""
+    created atomically: a replacement of a killed agent, in any stage attempt, does not fire again), at its
+    ``at_call``-th forward pass or, with ``after`` (a file path), at the first one past that once ``after``
+    exists (so that a test can fire it only once the run's cycles are under way)."""
 
     def __init__(self, inner: nn.Module, fault: str, marker: str, agent: int = 1, at_call: int = 150,
-                 hang_s: float = 8.0):
+                 hang_s: float = 8.0, after: Optional[str] = None):
         super().__init__()
         from pyspark import TaskContext
 
         self.inner = inner
         tc = TaskContext.get()
         self.armed = fault != "none" and tc is not None and tc.partitionId() == agent and _first(marker)
-        self.fault, self.at_call, self.hang_s, self.calls = fault, at_call, hang_s, 0
+        self.fault, self.at_call, self.hang_s, self.calls, self.after = fault, at_call, hang_s, 0, after
 
     def forward(self, x):
         self.calls += 1
-        if self.armed and self.calls == self.at_call:
+        if self.armed and self.calls >= self.at_call and (self.after is None or os.path.exists(self.after)):
+            self.armed = False
             if self.fault == "hang":
                 subprocess.Popen(["sh", "-c", f"sleep {self.hang_s}; kill -CONT {os.getpid()}"],
                                  start_new_session=True)
@@ -71,16 +74,18 @@ def executor_jvm_pid() -> int:
     raise RuntimeError("no executor JVM above this process")
 
 
-def _build(model_fn: Callable, fault: str, marker: str, at_call: int, hang_s: float) -> nn.Module:
-    return FaultyAgent(model_fn(), fault, marker, at_call=at_call, hang_s=hang_s)
+def _build(model_fn: Callable, fault: str, marker: str, at_call: int, hang_s: float,
+           after: Optional[str] = None) -> nn.Module:
+    return FaultyAgent(model_fn(), fault, marker, at_call=at_call, hang_s=hang_s, after=after)
 
 
-def faulty(model_fn: Callable, fault: str, at_call: int = 150, hang_s: float = 8.0, marker: str = "") -> Callable:
+def faulty(model_fn: Callable, fault: str, at_call: int = 150, hang_s: float = 8.0, marker: str = "",
+           after: Optional[str] = None) -> Callable:
     """A picklable model_fn whose agent 1 injects ``fault`` once per ``marker`` (a fresh one by default)."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}")
     marker = marker or os.path.join(tempfile.gettempdir(), f"mpca-fault-{uuid.uuid4().hex}")
-    return functools.partial(_build, model_fn, fault, marker, at_call, hang_s)
+    return functools.partial(_build, model_fn, fault, marker, at_call, hang_s, after)
 
 
 def recovery(fit, agent: int = 1) -> dict:
