@@ -35,6 +35,9 @@ class DataSection(_Strict):
     agent_memory_mb: Optional[float] = Field(None, ge=0.0, description="an agent whose partition takes more than "
                                              "this many MB spills it to local disk once and memory-maps it "
                                              "(None: always in memory; 0: always on disk)")
+    shuffle: bool = Field(False, description="deal the training rows out to the agents at random (a Spark "
+                          "shuffle) instead of giving each agent whole partitions: for data ordered by label; "
+                          "an executor lost mid-run then restarts every agent")
 
     @field_validator("input_shape")
     @classmethod

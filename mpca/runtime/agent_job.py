@@ -1,7 +1,7 @@
 """The AgentRDD: one long-lived Spark task per agent, running in a background driver thread.
 
 The agents' job is ``train_df.coalesce(K).mapInArrow(agent_task, profile=...)`` (``repartition(K)`` when the
-data has fewer than K partitions):
+data has fewer than K partitions or ``data.shuffle`` asks for it):
 each task receives its own partitions as Arrow record batches (never collected
 to the driver), turns them into tensors and runs :func:`mpca.runtime.agent.run_agent`
 until the driver stops it.  No barrier mode: it refuses dynamic allocation and
@@ -69,12 +69,15 @@ def executor_cause(message: str) -> str:
     return first[:500]
 
 
-def balanced(train_df, agents: int):
-    """K partitions for K agents, without a shuffle where the data has at least K partitions.
+def balanced(train_df, agents: int, shuffle: bool = False):
+    """K partitions for K agents, without a shuffle where the data has at least K partitions (unless
+    ``shuffle``: rows dealt out round-robin, so every agent sees every class of data ordered by label).
 
     A shuffle would make the agents' stage depend on map outputs kept by executors: losing one executor
     then fails the fetch, and Spark resubmits the stage, relaunching every agent still running (two
     processes per agent).  Coalesced, a lost agent task is simply retried on its own."""
+    if shuffle:
+        return train_df.repartition(agents)
     if train_df.rdd.getNumPartitions() >= agents:
         return train_df.coalesce(agents)
     log.info("the training data has fewer partitions than agents: repartitioning (a shuffle; an executor lost "
@@ -92,11 +95,12 @@ class AgentJob:
         self.error: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
 
-    def start(self, train_df, agents: int, spec: AgentSpec, features: str, label: str, profile) -> None:
+    def start(self, train_df, agents: int, spec: AgentSpec, features: str, label: str, profile,
+              shuffle: bool = False) -> None:
         fn = functools.partial(agent_task, spec, features, label)
         from mpca.compat import collect_map_in_arrow
 
-        df = balanced(train_df, agents)
+        df = balanced(train_df, agents, shuffle)
 
         def run():
             self.sc.setJobGroup(self.group, f"mpca agents ({agents})", interruptOnCancel=True)

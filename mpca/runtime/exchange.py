@@ -100,7 +100,7 @@ def _claim(plan: ExchangePlan):
             except (OSError, ChannelError):
                 continue
             try:
-                header, _ = ch.request({"op": "claim", "token": plan.token}, timeout=wait)
+                header, _ = ch.request({"op": "claim", "token": plan.token, "for": plan.op}, timeout=wait)
             except (OSError, ChannelError):
                 ch.close()
                 continue

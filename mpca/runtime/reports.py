@@ -21,6 +21,7 @@ class AgentReport:
     device: Optional[str] = None
     gpu: List[str] = field(default_factory=list)
     rows: Optional[int] = None
+    labels: Optional[Dict[str, int]] = None  # rows per class label in its data (sent with "hello" only)
     steps: Optional[int] = None
     samples: Optional[int] = None
     steps_per_s: Optional[float] = None

@@ -12,6 +12,7 @@ import torch
 
 from mpca.algorithm import ShardLayout
 from mpca.config import Settings
+from mpca.data.checks import label_skew
 from mpca.errors import RunFailedError
 from mpca.runtime import cluster
 from mpca.runtime.agent import AgentSpec, model_state
@@ -78,13 +79,17 @@ class AgentRun:
     def __enter__(self) -> "AgentRun":
         t0 = time.time()
         data = self.settings.data
-        self.job.start(self._train_df, self.agents, self.spec, data.features, data.label, self.profile)
+        self.job.start(self._train_df, self.agents, self.spec, data.features, data.label, self.profile,
+                       shuffle=data.shuffle)
         try:
             self.agent_info = self.pipeline.hello(self.agents, self.settings.cluster.agent_start_timeout_s,
                                                   self.job.alive, self.job.failure)
         except BaseException:
             self.__exit__(None, None, None)
             raise
+        skew = label_skew({a: r.labels for a, r in self.agent_info.items()})
+        if skew:
+            log.warning(skew)
         log.info("%d agents up after %.1fs (%s, algorithm %s)", self.agents, time.time() - t0, self.layout.describe(),
                  self.settings.algorithm.name)
         return self

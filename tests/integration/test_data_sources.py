@@ -1,12 +1,15 @@
 """Data beyond an agent's memory and sources beyond Parquet, on the shared local-cluster."""
 import json
+import logging
+import re
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from mpca import cli
 from mpca.config import load_config
-from mpca.data.datasets import dataset_dataframe, load
+from mpca.data.datasets import dataset_dataframe, load, to_dataframe
 from mpca.errors import UserError
 from mpca.job import read_source
 from mpca.trainer import Trainer
@@ -25,6 +28,22 @@ def test_agents_train_from_partitions_spilled_to_local_disk(spark):
                    data={"input_shape": [1, 8, 8], "agent_memory_mb": 1000.0}, spark=spark).fit(
         dataset_dataframe(spark, "digits"))
     assert [a["data_on_disk"] for a in same.agents] == [False, False]  # within the budget: in memory
+
+
+def test_data_ordered_by_label_is_named_and_data_shuffle_deals_every_class_to_every_agent(spark, caplog):
+    x, y = load("digits")
+    order = np.argsort(y, kind="stable")
+    ordered = to_dataframe(spark, x[order], y[order], partitions=4)  # coalesced: agent 0 gets classes 0–4
+    caplog.set_level(logging.WARNING, logger="mpca.run")
+    for shuffle in (False, True):
+        caplog.clear()
+        Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, max_cycles=2,
+                data={"input_shape": [1, 8, 8], "shuffle": shuffle}, spark=spark).fit(ordered)
+        warned = [r.getMessage() for r in caplog.records if "differ in their labels" in r.getMessage()]
+        if shuffle:
+            assert warned == []
+        else:
+            assert len(warned) == 1 and re.search(r"holds [56] of the 10 labels \(total variation 0\.[45]", warned[0])
 
 
 def _digits_csv(tmp_path):

@@ -2,7 +2,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import torch
+
 from mpca.data.arrow import batches_to_tensors
+from mpca.data.checks import label_counts, label_skew
 from mpca.data.datasets import arrow_table, load_digits, load_mnist5k
 
 
@@ -11,6 +14,35 @@ def test_bundled_datasets_load_offline():
     assert x.shape == (1797, 64) and 0 <= x.min() and x.max() <= 1 and set(np.unique(y)) == set(range(10))
     x, y = load_mnist5k()
     assert x.shape == (5000, 784) and x.max() <= 1 and set(np.unique(y)) == set(range(10))
+
+
+def test_every_contiguous_quarter_of_a_bundled_dataset_holds_every_class():
+    # agents get whole partitions (coalesced): a dataset stored sorted by label would give each its own classes
+    for x, y in (load_digits(), load_mnist5k()):
+        for q in np.array_split(y, 4):
+            assert set(np.unique(q)) == set(range(10))
+    assert load_mnist5k()[1].tolist() == load_mnist5k()[1].tolist()  # one fixed order
+
+
+def test_label_counts_count_integer_classes_only():
+    assert label_counts(torch.tensor([3, 1, 3, 3])) == {"1": 1, "3": 3}
+    assert label_counts(torch.tensor([0.5, 1.5])) is None  # a regression target
+    assert label_counts(torch.zeros(0, dtype=torch.int64)) is None
+    assert label_counts(torch.arange(20_000)) is None  # too many distinct values to be classes
+
+
+def test_label_skew_is_the_total_variation_from_all_rows_mix():
+    # agent 0: classes 0,1 (50/50); agent 1: 0,1,2,3 (25 each) -> all rows: 0: 3/8, 1: 3/8, 2: 1/8, 3: 1/8
+    # agent 0's distance: ½ (|1/2 − 3/8|·2 + |0 − 1/8|·2) = ½ · (1/4 + 1/4) = 0.25; agent 1's: ½ · 4 · 1/8 = 0.25
+    split = {0: {"0": 50, "1": 50}, 1: {"0": 25, "1": 25, "2": 25, "3": 25}}
+    msg = label_skew(split, tolerance=0.2)
+    assert msg is not None and "agent 0 holds 2 of the 4 labels (total variation 0.25" in msg
+    assert "data.shuffle: true" in msg
+    assert label_skew(split, tolerance=0.25) is None  # exactly at the tolerance: no warning
+    sorted_halves = {0: {"0": 10, "1": 10}, 1: {"2": 10, "3": 10}}  # disjoint classes: distance ½
+    assert "total variation 0.50" in label_skew(sorted_halves)
+    assert label_skew({0: {"0": 10, "1": 12}, 1: {"0": 11, "1": 10}}) is None  # the same mix, up to noise
+    assert label_skew({0: {"0": 10}, 1: None}) is None  # regression labels: nothing to compare
 
 
 def test_arrow_batches_to_tensors_reshape_and_types():
