@@ -11,7 +11,8 @@ phases, §4.2; with ``--straggler 1:0.5`` agent 1 runs at half speed and ``mpca:
 without it, Fig. 10c; ``--variant 'push:28=weaksync,c=3'`` adds an algorithm with its own settings under a
 label of your choice, e.g. the seeds' protocol studies) and writes to ``--out``: ``compare.csv`` (a table like the paper's Table 2: time to each
 target per algorithm, ratios to ``single`` and to ``mpca``), ``compare.json`` (per algorithm: time to each
-target, final error, bytes moved, duty cycle, the algorithm's own figures such as Rudra's mean staleness
+target, final error, bytes moved, duty cycle, the agents' samples/s, the cores each role of the run used
+(:mod:`mpca.bench.cpu_profile`: what limits a run on a shared machine), the algorithm's own figures such as Rudra's mean staleness
 or weak synchronization's dropped gradients; for the run: network, communication/computation ratio of
 one model exchange, cycle overlap), ``compare.png`` (error against wall time) and each run's history.
 ``--network`` runs everything on the emulated cluster of :mod:`mpca.bench.netcluster` when this machine
@@ -117,6 +118,7 @@ def _comm_comp(fit) -> Optional[float]:
 def run_one(spark, cfg, label: str, algorithm: dict, targets: List[float], max_seconds: float, out: str,
             straggler=None) -> dict:
     from mpca import job
+    from mpca.bench.cpu_profile import CpuProfile
     from mpca.bench.straggler import slowed
     from mpca.config import settings_from
     from mpca.trainer import Trainer
@@ -134,14 +136,23 @@ def run_one(spark, cfg, label: str, algorithm: dict, targets: List[float], max_s
         optimizer_fn = slowed(optimizer_fn, *straggler)
     print(f"--- {label}: {settings.training.agents} agent(s), up to {max_seconds:.0f}s"
           + (f", agent {straggler[0]} at {straggler[1]:g}x speed" if slow else ""), flush=True)
+    profile = CpuProfile.for_spark(spark).start()
     fit = Trainer(model_fn, loss_fn, optimizer_fn, settings, spark=spark).fit(job._data(spark, cfg))
+    cpu = profile.stop(int(a["pid"]) for a in fit.agents if a.get("pid"))
     os.makedirs(os.path.join(out, label.replace(":", "-")), exist_ok=True)
     fit.history.to_csv(os.path.join(out, label.replace(":", "-"), "history.csv"), index=False)
     return {"label": label, "algorithm": algorithm, "agents": settings.training.agents, "history": fit.history,
             "time_to": {t: time_to(fit.history, t) for t in targets}, "final_error": fit.final.error,
             "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": _traffic(fit), "duty_cycle": _duty(fit),
             "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None, "figures": figures(fit.history),
-            "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None}
+            "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None,
+            "samples_per_s": _samples_per_s(fit), "cpu": cpu}
+
+
+def _samples_per_s(fit) -> float:
+    """All agents' training samples per second: each agent's samples over its time alive, summed."""
+    rates = [float(a["samples"]) / float(a["alive_s"]) for a in fit.agents if a.get("samples") and a.get("alive_s")]
+    return sum(rates) if rates else math.nan
 
 
 def _warm_up(spark, cfg, out: str) -> None:
@@ -171,7 +182,8 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
                 base = results.get(ref, {}).get("time_to", {}).get(t, math.nan)
                 row[f"t({100 * t:g}%)/{ref}"] = v / base if base and not math.isnan(base) else math.nan
         row.update({"final error %": 100 * r["final_error"], "MB moved": r["bytes"] / 1e6,
-                    "duty cycle": r["duty_cycle"]})
+                    "duty cycle": r["duty_cycle"], "samples/s": r.get("samples_per_s", math.nan),
+                    "agents' cores": r.get("cpu", {}).get("agents", math.nan)})
         row.update({k.replace("_", " "): r.get("figures", {}).get(k, math.nan)
                     for k in FIGURES if any(k in x.get("figures", {}) for x in results.values())})
         rows.append(row)
@@ -180,6 +192,7 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
 
 def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: float, repeats: int, out: str,
             network: str, straggler=None, variants: Optional[Dict[str, dict]] = None) -> dict:
+    from mpca.bench.cpu_profile import describe
     from mpca.report import plot_curves, write_json
 
     os.makedirs(out, exist_ok=True)
@@ -193,7 +206,9 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
         results[label] = {**first, "time_to": {t: _median([r["time_to"][t] for r in runs]) for t in targets},
                           "final_error": statistics.median(r["final_error"] for r in runs),
                           "bytes": statistics.median(r["bytes"] for r in runs),
-                          "duty_cycle": statistics.median(r["duty_cycle"] for r in runs), "repeats": len(runs)}
+                          "duty_cycle": statistics.median(r["duty_cycle"] for r in runs), "repeats": len(runs),
+                          "samples_per_s": _median([r["samples_per_s"] for r in runs]),
+                          "cpu": {k: statistics.median(r["cpu"][k] for r in runs) for k in first["cpu"]}}
     tab = table(results, targets)
     tab.to_csv(os.path.join(out, "compare.csv"), index=False)
     mpca = results.get("mpca", {})
@@ -202,7 +217,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
         "model": cfg.model.name, "model_args": cfg.model.args, "data": cfg.data.dataset or cfg.data.path,
         "comm_comp_ratio": mpca.get("comm_comp"), "cycle_overlap": mpca.get("overlap"),
         "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
-                                                  "duty_cycle", "repeats", "figures")}
+                                                  "duty_cycle", "repeats", "figures", "samples_per_s", "cpu")}
                        | {"time_to": {str(t): r["time_to"][t] for t in targets}} for label, r in results.items()},
     }
     write_json(os.path.join(out, "compare.json"), summary)
@@ -215,6 +230,9 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
               f"{summary['comm_comp_ratio'] if summary['comm_comp_ratio'] is None else round(summary['comm_comp_ratio'], 2)}"
               f" | cycle overlap {summary['cycle_overlap']}")
         print(tab.to_string(index=False))
+    print("\nCPU by role (cores used; agents = training processes, python workers = exchange tasks):")
+    for label, r in results.items():
+        print(f"  {label:<{max(map(len, results))}}  {describe(r['cpu'])}")
     print(f"\nwrote {out}/compare.csv, compare.json, compare.png", flush=True)
     return summary
 
@@ -224,7 +242,8 @@ def _session(cfg, network: str):
     from mpca.bench.netcluster import session_in_cluster
     from mpca.runtime.cluster import local_session
 
-    spark = session_in_cluster("mpca-compare", cfg.cluster.conf)
+    conf = {"spark.ui.showConsoleProgress": "false", **cfg.cluster.conf}  # the benchmark prints its own lines
+    spark = session_in_cluster("mpca-compare", conf)
     if spark is not None:
         return spark, f"{network} (emulated cluster: standalone master, workers in network namespaces)"
     if cfg.cluster.master == "existing":  # spark-submit spark_jobs/benchmark.py compare ... (its cluster, its network)
@@ -235,7 +254,7 @@ def _session(cfg, network: str):
 
     m = re.fullmatch(r"local-cluster\[(\d+),(\d+),(\d+)\]", cfg.cluster.master)
     k, c, mb = (int(g) for g in m.groups()) if m else (cfg.training.agents, 2, 1024)
-    spark = local_session(k, c, mb, app_name="mpca-compare", conf=cfg.cluster.conf)
+    spark = local_session(k, c, mb, app_name="mpca-compare", conf=conf)
     return spark, "none (local-cluster on one machine)" if network == "none" else \
         f"local-cluster on one machine (no {network} emulation here)"
 

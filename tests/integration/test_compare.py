@@ -37,7 +37,8 @@ def test_compare_writes_table_json_and_plot_for_each_algorithm(spark, tmp_path):
     assert list(tab["algorithm"]) == ["mpca", "single", "mpca:gamma0", "soft:2"]
     soft = tab.set_index("algorithm").loc["soft:2"]
     assert soft["updates"] > 10 and soft["mean staleness"] > 0  # the algorithm's own figures, in the table
-    assert {"t(50%) s", "t(50%)/single", "t(50%)/mpca", "final error %", "MB moved", "duty cycle"} <= set(tab.columns)
+    assert {"t(50%) s", "t(50%)/single", "t(50%)/mpca", "final error %", "MB moved", "duty cycle",
+            "samples/s", "agents' cores"} <= set(tab.columns)
     single = tab.set_index("algorithm").loc["single"]
     assert single["t(50%)/single"] == pytest.approx(1.0) and single["MB moved"] > 0  # observing costs bytes too
     js = json.loads((tmp_path / "compare.json").read_text())
@@ -47,6 +48,8 @@ def test_compare_writes_table_json_and_plot_for_each_algorithm(spark, tmp_path):
     for label, r in js["algorithms"].items():
         assert r["final_error"] < 0.5, (label, r)  # each learned on the same data
         assert 0 < r["duty_cycle"] <= 1
+        assert (r["samples_per_s"] or 0) > 0 and r["cpu"]["agents"] > 0.1, (label, r["samples_per_s"], r["cpu"])  # agents' PIDs were found
+        assert 0 < r["cpu"]["machine busy"] <= 1 and r["cpu"]["executor JVMs"] > 0
     assert js["algorithms"]["mpca:gamma0"]["algorithm"]["gamma"] == {"start": 0.0, "target": 0.0}
     assert js["comm_comp_ratio"] > 0 and (tmp_path / "compare.png").stat().st_size > 10_000
     assert (tmp_path / "mpca" / "history.csv").exists()
