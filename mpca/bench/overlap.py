@@ -1,6 +1,6 @@
 """Does a cycle's reduce wait for its broadcast, and what does a cycle cost against B and R alone?
 
-    python -m mpca.bench.overlap [--params 3000000] [--cycles 8] [--agents 2] [--alone 5]
+    python -m mpca.bench.overlap [--params 7500000] [--cycles 8] [--agents 2] [--alone 5]
 
 Uses the Spark master of ``$MPCA_SPARK_MASTER`` (inside ``python -m mpca.bench.netcluster``) or a
 local-cluster with 3 task slots per executor.  Prints one JSON line per exchange cycle — when each agent's
@@ -77,7 +77,7 @@ def _timed(fn) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", type=int, default=3_000_000)
+    ap.add_argument("--params", type=int, default=7_500_000, help="model size (3 shards; 7.5 M: 10 MB each)")
     ap.add_argument("--cycles", type=int, default=8)
     ap.add_argument("--agents", type=int, default=2)
     ap.add_argument("--alone", type=int, default=5, help="jobs that only broadcast / only reduce, each")
