@@ -115,7 +115,7 @@ def _comm_comp(fit) -> Optional[float]:
     return statistics.median(cycles) * shards * statistics.median(rates)
 
 
-def run_one(spark, cfg, label: str, algorithm: dict, targets: List[float], max_seconds: float, out: str,
+def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float], max_seconds: float, out: str,
             straggler=None) -> dict:
     from mpca import job
     from mpca.bench.cpu_profile import CpuProfile
@@ -137,7 +137,7 @@ def run_one(spark, cfg, label: str, algorithm: dict, targets: List[float], max_s
     print(f"--- {label}: {settings.training.agents} agent(s), up to {max_seconds:.0f}s"
           + (f", agent {straggler[0]} at {straggler[1]:g}x speed" if slow else ""), flush=True)
     profile = CpuProfile.for_spark(spark).start()
-    fit = Trainer(model_fn, loss_fn, optimizer_fn, settings, spark=spark).fit(job._data(spark, cfg))
+    fit = Trainer(model_fn, loss_fn, optimizer_fn, settings, spark=spark).fit(data)
     cpu = profile.stop(int(a["pid"]) for a in fit.agents if a.get("pid"))
     os.makedirs(os.path.join(out, label.replace(":", "-")), exist_ok=True)
     fit.history.to_csv(os.path.join(out, label.replace(":", "-"), "history.csv"), index=False)
@@ -155,7 +155,7 @@ def _samples_per_s(fit) -> float:
     return sum(rates) if rates else math.nan
 
 
-def _warm_up(spark, cfg, out: str) -> None:
+def _warm_up(spark, cfg, data, out: str) -> None:
     """A short unrecorded run first, so that no algorithm pays for starting the executors' Python workers
     (importing torch there takes seconds) and the JVMs' warm-up."""
     from mpca import job
@@ -165,7 +165,7 @@ def _warm_up(spark, cfg, out: str) -> None:
     settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"}, algorithm="mpca",
                              stop={"max_cycles": 3}, eval={"every_cycles": 100},
                              checkpoint={"dir": os.path.join(out, "warm-up"), "every_cycles": 10 ** 9}, progress="off")
-    Trainer(*job.training_functions(cfg), settings, spark=spark).fit(job._data(spark, cfg))
+    Trainer(*job.training_functions(cfg), settings, spark=spark).fit(data)
 
 
 def table(results: Dict[str, dict], targets: List[float]) -> "object":
@@ -195,13 +195,16 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     from mpca.bench.cpu_profile import describe
     from mpca.report import plot_curves, write_json
 
+    from mpca import job
+
     os.makedirs(out, exist_ok=True)
-    _warm_up(spark, cfg, out)
+    data = job._data(spark, cfg)  # one DataFrame for every run: the same rows, and read (or built) once
+    _warm_up(spark, cfg, data, out)
     results: Dict[str, dict] = {}
     for label in labels:
         algo = (variants or {}).get(label) or ABLATIONS.get(label) or {"name": label}
-        runs = [run_one(spark, cfg, label if repeats == 1 else f"{label}:r{i}", algo, targets, max_seconds, out,
-                        straggler) for i in range(repeats)]
+        runs = [run_one(spark, cfg, data, label if repeats == 1 else f"{label}:r{i}", algo, targets, max_seconds,
+                        out, straggler) for i in range(repeats)]
         first = runs[0]
         results[label] = {**first, "time_to": {t: _median([r["time_to"][t] for r in runs]) for t in targets},
                           "final_error": statistics.median(r["final_error"] for r in runs),

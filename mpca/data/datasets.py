@@ -68,8 +68,7 @@ def to_dataframe(spark, x: np.ndarray, y: np.ndarray, partitions: int = 4):
     local data in at most ``partitions`` slices, no shuffle (an executor lost later holds nothing it needs)."""
     from mpca.compat import dataframe_from_arrow
 
-    df = dataframe_from_arrow(spark, arrow_table(x, y))
-    return df.coalesce(partitions) if df.rdd.getNumPartitions() > partitions else df
+    return dataframe_from_arrow(spark, arrow_table(x, y), partitions)
 
 
 def dataset_dataframe(spark, name: str, partitions: int = 4):
