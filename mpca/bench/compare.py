@@ -192,10 +192,9 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
 
 def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: float, repeats: int, out: str,
             network: str, straggler=None, variants: Optional[Dict[str, dict]] = None) -> dict:
+    from mpca import job
     from mpca.bench.cpu_profile import describe
     from mpca.report import plot_curves, write_json
-
-    from mpca import job
 
     os.makedirs(out, exist_ok=True)
     data = job._data(spark, cfg)  # one DataFrame for every run: the same rows, and read (or built) once

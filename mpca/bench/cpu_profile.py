@@ -1,8 +1,7 @@
 """Where a run's CPU went: cores used by each role of a Spark training run on this machine, from /proc.
 
 A benchmark that misses a speed target on a shared machine has to say what limits it.  ``CpuProfile``
-reads every process's CPU time (utime + stime, all threads) at the start and the end of a window and sums
-the difference by role:
+reads every process's CPU time (utime + stime, all threads) over a window and sums it by role:
 
 - ``agents``: the processes running agents (their PIDs come from the agents' reports): training, and the
   agent's own channel thread that snapshots and receives shards;
