@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import statistics
 import sys
 from typing import Dict, List, Optional
@@ -309,9 +310,16 @@ def main(argv=None) -> int:
         from mpca.bench import netcluster
 
         ok, why = netcluster.available()
-        if ok:  # run this same command again inside the emulated cluster
-            with netcluster.NetCluster(workers=cfg.training.agents, link=args.network) as nc:
-                return nc.run_in_driver([sys.executable, "-m", "mpca.bench.compare", *(argv or sys.argv[1:])])
+        if ok:  # run this same command again inside the emulated cluster; SIGTERM/SIGHUP tear it down too
+            try:
+                with netcluster.handle_signals(), \
+                        netcluster.NetCluster(workers=cfg.training.agents, link=args.network) as nc:
+                    return nc.run_in_driver([sys.executable, "-m", "mpca.bench.compare", *(argv or sys.argv[1:])])
+            except (netcluster.Stopped, KeyboardInterrupt) as e:
+                signum = getattr(e, "signum", signal.SIGINT)
+                print(f"mpca bench compare: stopped by {signal.Signals(signum).name}; emulated cluster torn down",
+                      file=sys.stderr, flush=True)
+                return 128 + signum
         print(f"mpca bench compare: {why}; falling back to local-cluster (results labelled as such)", file=sys.stderr)
     spark, network = _session(cfg, args.network)
     try:

@@ -295,3 +295,30 @@ def test_cleanup_stale_removes_only_dead_runs():
             sleeper.kill()
         netcluster._remove_prefix(stale)
         netcluster._remove_prefix(live)
+
+
+@needs_netns
+def test_sigterm_to_bench_compare_on_the_emulated_cluster_tears_it_down(tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "mpca.bench.compare", "-c", "conf/digits.yaml", "--network", "1gbit",
+                          "--algorithms", "single", "--max-seconds", "60", "--out", str(tmp_path), "progress=off"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    prefix = None
+    try:
+        deadline = time.monotonic() + 120
+        while prefix is None and p.poll() is None and time.monotonic() < deadline:
+            names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+            prefix = next((n.split("-")[0] for n in names if n.startswith(f"mpca{p.pid}")), None)
+            time.sleep(0.5)
+        time.sleep(5)  # the cluster up and the benchmark's own driver started inside it
+        assert p.poll() is None and prefix and _leftovers(prefix), f"the cluster never came up (rc {p.poll()})"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 128 + signal.SIGTERM, (p.returncode, err[-3000:])
+        assert "stopped by SIGTERM; emulated cluster torn down" in err and "Traceback" not in err, err[-3000:]
+        _assert_clean(prefix)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if prefix:
+            netcluster._remove_prefix(prefix)
