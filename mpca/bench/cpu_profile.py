@@ -18,21 +18,38 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 ROLES = ("agents", "python workers", "executor JVMs", "driver JVM", "driver Python", "standalone JVMs", "other")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_and_cmd(pid: int) -> Optional[Tuple[float, bytes]]:
+def process_cpu_s(pid: int) -> Optional[float]:
+    """utime + stime of a process (all its threads) in seconds, from /proc; None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read()
+        return (int(fields[11]) + int(fields[12])) / _TICK
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / _TICK, cmd
+
+
+def command_line(pid: int) -> Optional[bytes]:
+    """The process's NUL-separated command line, from /proc; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def pids() -> List[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _cpu_and_cmd(pid: int) -> Optional[Tuple[float, bytes]]:
+    cpu, cmd = process_cpu_s(pid), command_line(pid)
+    return None if cpu is None or cmd is None else (cpu, cmd)
 
 
 def _machine_ticks() -> Tuple[int, int]:
@@ -79,9 +96,9 @@ class CpuProfile:
         return cls(proc.pid if proc is not None else None, interval_s)
 
     def _sample(self) -> None:
-        for name in os.listdir("/proc"):
-            if name.isdigit() and (got := _cpu_and_cmd(int(name))) is not None:
-                self._last[int(name)] = got
+        for pid in pids():
+            if (got := _cpu_and_cmd(pid)) is not None:
+                self._last[pid] = got
 
     def _loop(self) -> None:
         while not self._done.wait(self.interval_s):

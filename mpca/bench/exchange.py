@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from mpca.algorithm import AlphaSchedule
+from mpca.bench.cpu_profile import command_line, pids, process_cpu_s
 from mpca.config import settings_from
 
 
@@ -72,28 +73,9 @@ def _steps(run) -> dict:
     return {a: e.steps for a, e in run.agent_status().items()}
 
 
-def _proc_cpu_s(pid: int) -> float:
-    """utime + stime of a process (all its threads), from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        return 0.0
-
-
 def processes_with(*needles: bytes) -> list:
     """PIDs of the processes whose command line holds any of ``needles`` (from /proc)."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if any(n in cmd for n in needles):
-            out.append(int(pid))
-    return out
+    return [pid for pid in pids() if (cmd := command_line(pid)) is not None and any(n in cmd for n in needles)]
 
 
 def _executor_jvms(app_id: str) -> list:
@@ -111,8 +93,8 @@ class CpuMeter:
 
     def read(self) -> dict:
         return {"driver_python": time.process_time(),
-                "driver_jvm": _proc_cpu_s(self.jvm.pid) if self.jvm is not None else 0.0,
-                "executor_jvms": sum(_proc_cpu_s(p) for p in self.executors)}
+                "driver_jvm": (process_cpu_s(self.jvm.pid) or 0.0) if self.jvm is not None else 0.0,
+                "executor_jvms": sum(process_cpu_s(p) or 0.0 for p in self.executors)}
 
 
 def overhead(spark, agents: int, window: float, repeats: int, interval: float = 0.0,

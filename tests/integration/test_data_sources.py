@@ -30,6 +30,15 @@ def test_agents_train_from_partitions_spilled_to_local_disk(spark):
     assert [a["data_on_disk"] for a in same.agents] == [False, False]  # within the budget: in memory
 
 
+def test_local_data_becomes_consecutive_partitions_not_a_local_relation(spark):
+    x, y = load("digits")
+    df = to_dataframe(spark, x, y, partitions=4)
+    # a local relation's rows are copied again on the driver by every query (the driver's heap ran out)
+    assert df._jdf.queryExecution().analyzed().getClass().getSimpleName() != "LocalRelation"
+    parts = df.select("label").rdd.glom().map(lambda rows: [r.label for r in rows]).collect()
+    assert [len(p) for p in parts] == [450, 450, 450, 447] and sum(parts, []) == y.tolist()  # rows in order
+
+
 def test_data_ordered_by_label_is_named_and_data_shuffle_deals_every_class_to_every_agent(spark, caplog):
     x, y = load("digits")
     order = np.argsort(y, kind="stable")

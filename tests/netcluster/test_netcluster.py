@@ -72,6 +72,15 @@ def _assert_clean(prefix, pids=()):
         netcluster._remove_prefix(prefix)  # do not pollute later tests, whatever happened
 
 
+def _kill_and_remove(p, prefix):
+    """A test's own clean-up, whatever happened: its process killed, its cluster removed."""
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+    if prefix:
+        netcluster._remove_prefix(prefix)
+
+
 SPARK_SNIPPET = textwrap.dedent("""
     import json, os, socket, time
     from pyspark import TaskContext
@@ -240,11 +249,7 @@ def test_sigint_tears_everything_down(tmp_path):
         _, pids = _up_line(err)
         _assert_clean(prefix, [cmd_pid, *pids])
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        if prefix:
-            netcluster._remove_prefix(prefix)
+        _kill_and_remove(p, prefix)
 
 
 def test_not_root_one_line_exit_2():
@@ -317,8 +322,4 @@ def test_sigterm_to_bench_compare_on_the_emulated_cluster_tears_it_down(tmp_path
         assert "stopped by SIGTERM; emulated cluster torn down" in err and "Traceback" not in err, err[-3000:]
         _assert_clean(prefix)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        if prefix:
-            netcluster._remove_prefix(prefix)
+        _kill_and_remove(p, prefix)

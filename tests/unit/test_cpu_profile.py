@@ -21,11 +21,11 @@ def test_roles_come_from_the_command_line_and_the_agents_pids():
 
 
 def _profile_a_burn(agent: bool) -> dict:
+    t0 = time.time()
     prof = CpuProfile(interval_s=0.05).start()
     p = subprocess.Popen([sys.executable, "-c", BURN, "CoarseGrainedExecutorBackend"])
     p.wait()
     time.sleep(0.2)  # the process is gone before the profile stops: its last sample must still count
-    t0 = prof._t0
     out = prof.stop([p.pid] if agent else [])
     return {k: v * (time.time() - t0) for k, v in out.items() if k in ROLES} | {"busy": out["machine busy"],
                                                                                    "line": describe(out)}
