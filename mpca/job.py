@@ -11,7 +11,6 @@ import functools
 import logging
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -99,15 +98,31 @@ def read_source(spark, d, path: Optional[str] = None, scoring: bool = False):
 
 
 def write_failure_summary(cfg: JobConfig, status: str, code: int, message: str) -> None:
-    """``summary.json`` for a job that failed (user error, run failure), where the output directory allows."""
-    from mpca.report import write_json
+    """``summary.json`` for a job that failed (user error, run failure), where its outputs go and nowhere
+    else: a local ``run.output_dir`` that exists or can be created, or a URI through the same store as the
+    outputs where that store is reachable now (a URI is never taken for a local path)."""
+    import json
+
+    from mpca import storage
+    from mpca.report import strict_json
 
     out = cfg.run.output_dir
+    summary = {"status": status, "exit_code": code, "message": message, "algorithm": cfg.algorithm.name,
+               "run": cfg.run.name}
+    data = json.dumps(strict_json(summary), indent=2, allow_nan=False, default=str).encode()
+    if storage.is_uri(out):
+        try:
+            storage.check_location(out)
+            store = storage.open_store(out)
+            store.makedirs()
+            store.write_atomic("summary.json", data)
+        except Exception:  # noqa: BLE001 - unreachable or unknown URI: the message on stderr is all there is
+            log.debug("no summary.json written to %s", out, exc_info=True)
+        return
     try:
-        if "://" not in out and os.path.isdir(out) or (not os.path.exists(out) and _creatable(out)):
+        if os.path.isdir(out) or (not os.path.exists(out) and _creatable(out)):
             os.makedirs(out, exist_ok=True)
-            write_json(os.path.join(out, "summary.json"), {"status": status, "exit_code": code, "message": message,
-                                                           "algorithm": cfg.algorithm.name, "run": cfg.run.name})
+            storage.LocalStore(out).write_atomic("summary.json", data)
     except OSError:
         pass  # nowhere to write it: the message on stderr is all there is
 
@@ -121,7 +136,7 @@ def _creatable(path: str) -> bool:
 
 def preflight(cfg: JobConfig, starting_spark: bool) -> None:
     """Mistakes visible before Spark starts, each as one line: missing local paths, unreachable storage URIs,
-    no Java for a local cluster."""
+    no usable Java for a local cluster."""
     from mpca import checkpoint
 
     d = cfg.data
@@ -139,9 +154,10 @@ def preflight(cfg: JobConfig, starting_spark: bool) -> None:
                         "checkpoint directory")
     if cfg.checkpoint.dir:
         checkpoint.check_location(cfg.checkpoint.dir)
-    if starting_spark and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        raise UserError("no Java found for the local Spark cluster: install Java 17 (e.g. apt-get install "
-                        "openjdk-17-jre-headless) or set JAVA_HOME")
+    if starting_spark:
+        from mpca.runtime.java import check_java
+
+        check_java()  # JAVA_HOME without bin/java, no java, or older than pyspark needs: one line, not a traceback
 
 
 def _check_output_dir(path: str) -> None:

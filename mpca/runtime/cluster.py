@@ -77,6 +77,12 @@ def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app
     if executors < 1 or cores < 1 or memory_mb < 256 or agents_per_executor < 1:
         raise UserError(f"local_session needs executors >= 1, cores >= 1, memory_mb >= 256 "
                         f"(got {executors}, {cores}, {memory_mb})")
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is None:  # this call starts the JVM: is there a Java it can run?
+        from mpca.runtime.java import check_java
+
+        check_java()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -194,6 +194,26 @@ def test_a_failed_job_still_writes_its_summary(tmp_path, capsys):
     assert summary["status"] == "user_error" and summary["exit_code"] == 2 and "data.path" in summary["message"]
 
 
+def test_a_failed_job_writes_its_summary_only_where_outputs_go(tmp_path, monkeypatch):
+    """An output URI gets summary.json through its store where reachable (file://) and nowhere else: an
+    unknown scheme leaves the working directory as it was (it had got ./nosuch:/nn/x/summary.json)."""
+    import json
+
+    config = os.path.abspath("conf/digits.yaml")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    missing = ["data.dataset=null", f"data.path={tmp_path}/missing.parquet"]
+    assert main(["train", "-c", config, "run.output_dir=nosuch://nn/x"] + missing) == 2
+    assert main(["train", "-c", config, "run.output_dir=hdfs://nn:8020/x"] + missing) == 2  # no Spark, no libhdfs
+    assert os.listdir(cwd) == []
+    uri = (tmp_path / "remote" / "out").as_uri()
+    assert main(["train", "-c", config, f"run.output_dir={uri}"] + missing) == 2
+    summary = json.loads((tmp_path / "remote" / "out" / "summary.json").read_text())
+    assert summary["status"] == "user_error" and "data.path" in summary["message"]
+    assert os.listdir(cwd) == []
+
+
 def test_a_later_data_source_replaces_the_earlier_one(tmp_path):
     assert load_config(["conf/digits.yaml"], ["data.path=x.csv"]).data.dataset is None
     d = load_config(["conf/digits.yaml"], ["data.table=db.t"]).data
