@@ -1,6 +1,7 @@
 """Holdout evaluation of the joint model on the driver, inline or in a background thread."""
 from __future__ import annotations
 
+import collections
 import copy
 import threading
 import time
@@ -48,6 +49,34 @@ def recalibrate_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: i
     torch.optim.swa_utils.update_bn([x[lo:lo + batch_size] for lo in range(0, x.shape[0], batch_size)], model)
 
 
+class SampleRate:
+    """Each agent's samples/s from its cumulative sample count, over the last ``window_s`` seconds of
+    observations (at least the last two): one figure per exchange cycle, from the first cycle on when the
+    agents' counts at start are the first observation."""
+
+    def __init__(self, window_s: float = 2.0):
+        self.window_s = window_s
+        self._seen: Dict[int, collections.deque] = {}
+
+    def observe(self, reports, now: Optional[float] = None) -> Dict[int, float]:
+        """Record ``reports`` (agent → report with a cumulative ``samples``) at ``now``; the rates per agent."""
+        now = time.time() if now is None else now
+        rates = {}
+        for a, r in reports.items():
+            if r.samples is None:
+                continue
+            seen = self._seen.setdefault(a, collections.deque())
+            if seen and int(r.samples) < seen[-1][1]:
+                seen.clear()  # a replacement agent counts from 0 again
+            seen.append((now, int(r.samples)))
+            while len(seen) > 2 and now - seen[1][0] >= self.window_s:
+                seen.popleft()  # keep the newest observation at least window_s old, drop older ones
+            (t_old, s_old), (t_new, s_new) = seen[0], seen[-1]
+            if t_new > t_old:
+                rates[a] = max(0.0, (s_new - s_old) / (t_new - t_old))
+        return rates
+
+
 class BackgroundEvaluator:
     """Evaluates snapshots of the joint model in a thread, so the pipeline never waits for it.
 
@@ -65,34 +94,20 @@ class BackgroundEvaluator:
         self._ready: List[dict] = []
         self._busy = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._last_samples: Dict[int, tuple] = {}
-        self.samples_per_s: Optional[float] = None
-
-    def _rates(self, reports) -> Dict[int, float]:
-        """Samples/s of each agent since the previous snapshot."""
-        now, sps = time.time(), {}
-        for a, r in reports.items():
-            if r.samples is None:
-                continue
-            prev = self._last_samples.get(a)
-            if prev is not None and now > prev[0]:
-                sps[a] = (r.samples - prev[1]) / (now - prev[0])
-            self._last_samples[a] = (now, r.samples)
-        if sps:
-            self.samples_per_s = float(sum(sps.values()))
-        return sps
 
     def submit(self, joints, cycle: int, wall: float, reports, epochs: float = float("nan"),
-               metrics: Optional[Callable[[], Dict[str, float]]] = None) -> None:
-        """Score ``joints`` in the background (skipped while the previous evaluation runs); ``metrics``: the
-        algorithm's own figures (:meth:`~mpca.algorithm.base.DriverRule.metrics`), taken only when scored."""
+               metrics: Optional[Callable[[], Dict[str, float]]] = None,
+               sps: Optional[Dict[int, float]] = None) -> bool:
+        """Score ``joints`` in the background (skipped while the previous evaluation runs: returns False);
+        ``metrics``: the algorithm's own figures (:meth:`~mpca.algorithm.base.DriverRule.metrics`), taken only
+        when scored; ``sps``: each agent's samples/s (:class:`SampleRate`)."""
         if self._busy.is_set():
-            return  # previous evaluation still running: skip rather than stall
+            return False  # previous evaluation still running: skip rather than stall
         snap = [j.clone() for j in joints]
         weights = {a: r.weight for a, r in reports.items()}
         rates = {a: r.steps_per_s for a, r in reports.items()}
         resets = sum(r.resets for r in reports.values())
-        sps = self._rates(reports)
+        sps = dict(sps or {})
         extra = metrics() if metrics is not None else {}
         self._busy.set()
 
@@ -113,6 +128,7 @@ class BackgroundEvaluator:
 
         self._thread = threading.Thread(target=work, name="mpca-eval", daemon=True)
         self._thread.start()
+        return True
 
     def drain(self) -> List[dict]:
         with self._lock:

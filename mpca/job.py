@@ -290,7 +290,7 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
         history = pd.concat([previous[previous["cycle"] <= fit.extra["first_cycle"]], history], ignore_index=True)
     write_history_csv(history, hist_path)
     plot = plot_history(history, os.path.join(local, "history.png"), title=f"{cfg.run.name}: holdout error",
-                        target=cfg.stop.target_error)
+                        target=cfg.stop.target_error, agents_up_s=fit.agents_up_s)
     fit.timeline.to_pandas().to_csv(os.path.join(local, "timeline.csv"), index=False)
     target = cfg.stop.target_error
     reached = target is not None and fit.final.error <= target
@@ -308,7 +308,7 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
         "status": status,
         "exit_code": code, "stop_reason": fit.stop_reason, "final_holdout_error": fit.final.error,
         "final_holdout_loss": fit.final.loss, "target_error": target, "wall_s": fit.wall_s,
-        "job_wall_s": time.time() - t0, "cycles": fit.cycles, "first_cycle": fit.extra.get("first_cycle", 0),
+        "job_wall_s": time.time() - t0, "cycles": fit.cycles, "agents_up_s": fit.agents_up_s, "first_cycle": fit.extra.get("first_cycle", 0),
         "agents": cfg.training.agents, "algorithm": cfg.algorithm.name, "layout": fit.extra["layout"],
         "paths": {**{k: target_path(v) if v else None for k, v in names.items()}, "checkpoints": cfg.checkpoint.dir},
     }

@@ -48,14 +48,18 @@ def _per_agent(d) -> str:
     return ";".join(f"{k}:{v:.1f}" if isinstance(v, float) else f"{k}:{v}" for k, v in sorted(d.items()))
 
 
-def plot_history(history, path: str, title: str = "MPCA SGD", target: Optional[float] = None) -> Optional[str]:
-    """Holdout error against wall time (like the paper's Fig. 13a)."""
-    return plot_curves({"holdout error": history}, path, title, [target] if target is not None else [])
+def plot_history(history, path: str, title: str = "MPCA SGD", target: Optional[float] = None,
+                 agents_up_s: Optional[float] = None) -> Optional[str]:
+    """Holdout error against wall time (like the paper's Fig. 13a), the agents' start-up shaded."""
+    return plot_curves({"holdout error": history}, path, title, [target] if target is not None else [],
+                       agents_up_s)
 
 
-def plot_curves(histories: Dict[str, object], path: str, title: str, targets: Sequence[float] = ()) -> Optional[str]:
-    """Holdout error against wall time, one curve per labelled history (e.g. one per algorithm); None (and a
-    log line) without matplotlib, the ``plot`` extra."""
+def plot_curves(histories: Dict[str, object], path: str, title: str, targets: Sequence[float] = (),
+                agents_up_s: Optional[float] = None) -> Optional[str]:
+    """Holdout error against wall time, one curve per labelled history (e.g. one per algorithm), with the
+    span before ``agents_up_s`` (the agents starting: the initial model is all there is) shaded; None (and
+    a log line) without matplotlib, the ``plot`` extra."""
     try:
         import matplotlib
     except ImportError:
@@ -70,6 +74,8 @@ def plot_curves(histories: Dict[str, object], path: str, title: str, targets: Se
     for label, history in histories.items():
         h = history.dropna(subset=["holdout_error"])
         ax.plot(h["wall_s"], 100 * h["holdout_error"], marker="o", ms=3, label=label)
+    if agents_up_s is not None and agents_up_s > 0:
+        ax.axvspan(0, agents_up_s, color="grey", alpha=0.12, lw=0, label="agents starting")
     for i, t in enumerate(targets):
         ax.axhline(100 * t, color="grey", ls="--", lw=1, label="target" if i == 0 else None)
     ax.set_xlabel("wall time (s)")

@@ -19,7 +19,7 @@ import torch
 
 from mpca.config import Settings, settings_from
 from mpca.errors import UserError
-from mpca.evaluation import BackgroundEvaluator, EvalResult, evaluate
+from mpca.evaluation import BackgroundEvaluator, EvalResult, SampleRate, evaluate
 from mpca.runtime.timeline import Timeline
 
 log = logging.getLogger("mpca.trainer")
@@ -37,6 +37,7 @@ class FitResult:
     stop_reason: str
     final: Optional[EvalResult] = None
     extra: Dict[str, object] = field(default_factory=dict)
+    agents_up_s: Optional[float] = None  # wall time (same clock as the history) when every agent had answered
 
 
 class Trainer:
@@ -185,22 +186,30 @@ class Trainer:
         progress = Progress(st.progress, st.stop.target_error)
         evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, hx, hy, self.loss_fn, calibration)
         saver = BackgroundSaver(st.checkpoint.dir, st.checkpoint.keep)
-        cycles_done, stop_reason, winner = first_cycle, None, None
+        cycles_done, stop_reason, winner, agents_up_s = first_cycle, None, None, None
         try:
+            if first_cycle == 0:  # the starting point of the curve: the initial model, before any agent starts
+                evaluator.submit(run.joint_vectors(), -1, time.time() - t0, {}, 0.0, run.rule.metrics)
             with run:
+                agents_up_s = time.time() - t0
                 rows = sum(int(r.rows or 0) for r in run.agent_info.values())
-                c, last_eval = first_cycle, time.time()
+                rate = SampleRate()
+                rate.observe(run.agent_info)  # the agents' counts at start: a rate from the first cycle on
+                c, last_eval, eval_wanted = first_cycle, time.time(), False
                 while stop_reason is None:
                     rec = run.cycle(c)
                     cycles_done = c + 1
-                    samples = sum(int(r.samples or 0) for r in run.pipeline.last_agent_reports.values())
+                    reports = run.pipeline.last_agent_reports
+                    samples = sum(int(r.samples or 0) for r in reports.values())
                     epochs = samples / rows if rows else 0.0
-                    if self._eval_due(c - first_cycle, last_eval):
-                        last_eval = time.time()
-                        evaluator.submit(run.joint_vectors(), c, time.time() - t0, rec.agents, epochs, run.rule.metrics)
+                    sps = rate.observe(reports)
+                    eval_wanted = eval_wanted or self._eval_due(c - first_cycle, last_eval)
+                    if eval_wanted and evaluator.submit(run.joint_vectors(), c, time.time() - t0, rec.agents, epochs,
+                                                        run.rule.metrics, sps):
+                        last_eval, eval_wanted = time.time(), False  # a due one the evaluator was busy for: next cycle
                     if st.checkpoint.dir and cycles_done % st.checkpoint.every_cycles == 0:
                         saver.submit(self._snapshot(run, model, cycles_done, specs, time.time() - t0))
-                    progress.update(cycles_done, None, evaluator.samples_per_s)
+                    progress.update(cycles_done, None, sum(sps.values()) if sps else None)
                     met = False
                     for row in evaluator.drain():
                         snapshot = row.pop("_snapshot")
@@ -224,13 +233,18 @@ class Trainer:
             progress.close()
         result = self._finish(run, model, specs, saver, history, winner, first_cycle, cycles_done, stop_reason, t0,
                               hx, hy, calibration)
+        result.agents_up_s = agents_up_s
         if hasattr(self.on_cycle, "finish"):
             self.on_cycle.finish(result)
         return result
 
     def _eval_due(self, cycles_in_run: int, last_eval: float) -> bool:
+        """Every ``eval.every_cycles``-th cycle, and before that after cycles 1, 2, 4, 8 … (the early descent
+        of the curve); or ``eval.every_seconds`` after the last evaluation."""
         ev = self.settings.eval
-        due = ev.every_cycles is not None and cycles_in_run % ev.every_cycles == ev.every_cycles - 1
+        done = cycles_in_run + 1
+        early = ev.every_cycles is not None and done < ev.every_cycles and done & (done - 1) == 0
+        due = early or ev.every_cycles is not None and cycles_in_run % ev.every_cycles == ev.every_cycles - 1
         return due or (ev.every_seconds is not None and time.time() - last_eval >= ev.every_seconds)
 
     def _finish(self, run, model, specs, saver, history, winner, first_cycle, cycles_done, stop_reason, t0, hx, hy,

@@ -27,7 +27,12 @@ def test_digits_holdout_error_far_below_chance(digits_fit):
     _, fit = digits_fit
     assert fit.cycles == 30 and fit.stop_reason == "max_cycles"
     assert fit.final.error < 0.15, fit.history  # chance is 0.9
-    errors = fit.history["holdout_error"].tolist()
+    h = fit.history
+    assert h["cycle"].iloc[0] == 0 and h["holdout_error"].iloc[0] > 0.5  # the initial model: the curve's start
+    early = h[(h["cycle"] > 0) & (h["cycle"] < 10)]["cycle"].tolist()
+    assert len(early) >= 3, h  # the early descent (after cycles 1, 2, 4, 8), before every 10th cycle
+    assert h["samples_per_s"].iloc[1:].notna().all(), h  # a rate from the first evaluation after the start on
+    errors = h[h["cycle"] >= 10]["holdout_error"].tolist()
     assert len(errors) >= 3 and errors[-1] <= errors[0] + 0.02  # no drift away once learned
 
 

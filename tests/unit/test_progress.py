@@ -72,3 +72,33 @@ def test_auto_in_a_notebook_kernel_updates_one_output_line(monkeypatch):
     p.update(1, 0.5, 100.0)
     p.update(2, 0.2, 100.0)
     assert [k for k, _ in shown] == ["display", "update"] and "cycle 2" in shown[-1][1]
+
+
+class _Report:
+    def __init__(self, samples):
+        self.samples = samples
+
+
+def test_sample_rate_from_the_first_cycle_over_a_window():
+    from mpca.evaluation import SampleRate
+
+    rate = SampleRate(window_s=2.0)
+    assert rate.observe({0: _Report(100), 1: _Report(None)}, now=10.0) == {}  # the agents' counts at start
+    assert rate.observe({0: _Report(400)}, now=11.0) == {0: 300.0}  # the first cycle already has a rate
+    assert rate.observe({0: _Report(600)}, now=12.0) == {0: 250.0}  # (600 - 100) / 2 s
+    assert rate.observe({0: _Report(1000)}, now=13.0) == {0: 300.0}  # 10.0 dropped: (1000 - 400) / 2 s
+    assert rate.observe({0: _Report(50)}, now=14.0) == {}  # a replacement agent counts from 0 again
+    assert rate.observe({0: _Report(150)}, now=14.5) == {0: 200.0}
+
+
+def test_early_evaluations_after_cycles_1_2_4_8_then_every_nth():
+    from types import SimpleNamespace
+
+    from mpca.config import Settings
+    from mpca.trainer import Trainer
+
+    t = SimpleNamespace(settings=Settings.model_validate({"eval": {"every_cycles": 10}}))
+    due = [c + 1 for c in range(35) if Trainer._eval_due(t, c, last_eval=float("inf"))]
+    assert due == [1, 2, 4, 8, 10, 20, 30]
+    t = SimpleNamespace(settings=Settings.model_validate({"eval": {"every_cycles": 1}}))
+    assert [c + 1 for c in range(4) if Trainer._eval_due(t, c, last_eval=float("inf"))] == [1, 2, 3, 4]
