@@ -58,6 +58,46 @@ class AgentSpec:
     cpus: Optional[List[int]] = None  # pin the training thread to these CPUs
     join_on_retry: bool = True  # a retried agent task waits for the driver's joint model (driver-run exchange)
     agent_memory_mb: Optional[float] = None  # a partition larger than this spills to local disk (data.agent_memory_mb)
+    device_step_s: Optional[float] = None  # emulated accelerator: every step takes this wall time (benchmarks)
+
+
+class DeviceClock:
+    """Each training step's real compute time and CPU, and — with ``step_s`` set — an emulated accelerator:
+    the real step runs, then the training loop waits out the rest of ``step_s``, so every step takes that
+    wall time whatever the host's CPU does (the same for every algorithm).  Time the step spent in the
+    rule's communicating hooks (DDP's all-reduce) is not compute: it comes on top, as on a real device.
+
+    The wait happens outside the step lock, so an exchange request is served during it at once (a real
+    device would make it wait for the step in flight at most).  A step whose real compute exceeds
+    ``step_s`` is counted ``late``: the emulation does not hold for it."""
+
+    FIELDS = ("compute_s", "cpu_s", "device_idle_s", "late_steps")
+
+    def __init__(self, step_s: Optional[float] = None, sleep=time.sleep):
+        self.step_s, self._sleep = step_s, sleep
+        self.compute_s = 0.0  # wall time of the real steps (hooks' exchange time excluded)
+        self.cpu_s = 0.0  # this process's CPU time during them
+        self.device_idle_s = 0.0  # waited out to make each step take step_s
+        self.late_steps = 0
+
+    def start(self, exchange_s: float) -> tuple:
+        return time.perf_counter(), time.process_time(), exchange_s
+
+    def finish(self, started: tuple, exchange_s: float) -> None:
+        wall0, cpu0, exchange0 = started
+        compute = time.perf_counter() - wall0 - (exchange_s - exchange0)
+        self.compute_s += compute
+        self.cpu_s += time.process_time() - cpu0
+        if self.step_s is None:
+            return
+        if compute > self.step_s:
+            self.late_steps += 1
+        else:
+            self._sleep(self.step_s - compute)
+            self.device_idle_s += self.step_s - compute
+
+    def counters(self) -> Dict[str, float]:
+        return {k: getattr(self, k) for k in self.FIELDS}
 
 
 def load_state(model: torch.nn.Module, state: Dict[str, np.ndarray]) -> None:
@@ -107,6 +147,7 @@ class Agent:
         self.steps = 0
         self.samples = 0
         self.exchange_s = 0.0  # time the training loop spent in the rule's communicating hooks (not computing)
+        self.device_clock = DeviceClock(spec.device_step_s)  # real compute per step; an emulated device's idle time
         self.last_loss = float("nan")
         self.claimed_tokens = collections.deque(maxlen=64)  # one claim per token (a cycle has a token per task kind)
         self.last_contact = time.time()
@@ -161,11 +202,13 @@ class Agent:
                     if self._should_stop():
                         break
                     idx = order[lo:lo + bs]
+                    started = self.device_clock.start(self.exchange_s)
                     if self.data_on_host:  # rows in file order: fewer, longer reads from the page cache
                         idx = idx.sort().values
                         self.step(self.features[idx].to(self.device), self.labels[idx].to(self.device))
                     else:
                         self.step(self.features[idx], self.labels[idx])
+                    self.device_clock.finish(started, self.exchange_s)  # unlocked: the exchange is served meanwhile
                     t = time.perf_counter()
                     self.rule.between_steps()  # may wait for a round or talk to the parameter service
                     self.exchange_s += time.perf_counter() - t
@@ -231,7 +274,7 @@ class Agent:
         rate = (self.steps - s0) / (now - t0) if now > t0 else 0.0
         self._rate_mark = (now, self.steps)
         return {"steps": self.steps, "samples": self.samples, "loss": self.last_loss, "steps_per_s": rate,
-                "exchange_s": self.exchange_s, "alive_s": now - self.started}
+                "exchange_s": self.exchange_s, "alive_s": now - self.started, **self.device_clock.counters()}
 
     def report(self, **kw) -> AgentReport:
         return AgentReport(agent=self.id, executor=self.executor, pid=os.getpid(), device=str(self.device),
@@ -329,7 +372,8 @@ class Agent:
                         self._reset(f"non-finite values in shard {s}")
                 vec, weight = torch.zeros_like(vec), 0.0
             rep = self.report(weight=float(weight), extra=extra, **{k: counters[k] for k in
-                                                                  ("steps_per_s", "loss", "exchange_s", "alive_s")})
+                                                                  ("steps_per_s", "loss", "exchange_s", "alive_s",
+                                                                   *DeviceClock.FIELDS)})
             return rep.to_dict(), vec.numpy().tobytes()
         if op == "stop":
             self.stop_requested = True
@@ -377,7 +421,8 @@ class Agent:
                 slots.release()
 
     def summary(self) -> dict:
-        return {**self.report(exchange_s=self.exchange_s, alive_s=time.time() - self.started).to_dict(),
+        return {**self.report(exchange_s=self.exchange_s, alive_s=time.time() - self.started,
+                              **self.device_clock.counters()).to_dict(),
                 "wall_s": time.time() - self.started, "data_on_disk": self.data_on_host}
 
     def close(self) -> None:

@@ -28,6 +28,10 @@ class AgentReport:
     loss: Optional[float] = None
     exchange_s: Optional[float] = None  # time its training loop spent waiting in exchange hooks
     alive_s: Optional[float] = None  # time since it started training
+    compute_s: Optional[float] = None  # wall time of its real training steps (runtime.agent.DeviceClock)
+    cpu_s: Optional[float] = None  # its process's CPU time during them
+    device_idle_s: Optional[float] = None  # waited out by an emulated device (training.device_step_s)
+    late_steps: Optional[int] = None  # steps whose real compute took longer than the emulated device step
     weight: Optional[float] = None
     resets: int = 0  # numerical faults (NaN/Inf) after which the agent went back to the joint model
     attempt: int = 0  # Spark's attempt number of the agent's task (> 0: a replacement)

@@ -1,6 +1,7 @@
 """The agent's side of the protocol, without Spark: claim once per token; with MPCA's agent rule, pull (Eq. 7)
 before each step, τ per shard, yield resets τ, deliver swaps the pull target."""
 import os
+import time
 
 import numpy as np
 import pytest
@@ -324,3 +325,55 @@ def test_an_agent_the_driver_knows_as_another_process_stops_and_waits_for_the_jo
     joint = torch.zeros(a.spec.layout.total_numel)
     a.handle({"op": "join", "cycle": 4, "params": {"alpha": 0.1}}, bytearray(joint.numpy().tobytes()))
     assert not a.joining and torch.equal(torch.cat([a.shards.read(s) for s in range(2)]), joint)
+
+
+def _emulated_agent(step_s):
+    m = _model()
+    spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
+                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), init_state=model_state(m),
+                     rule_factory=MPCAAgent, batch_size=2, input_shape=(3,), device_step_s=step_s)
+    return Agent(spec, 0, torch.zeros(64, 3), torch.zeros(64, dtype=torch.long))
+
+
+def test_an_emulated_device_pads_each_step_and_never_holds_an_exchange_request_for_the_padding():
+    """device_step_s = 0.1: steps take 0.1 s (±10%), the real compute is measured, and a yield asked for
+    meanwhile is answered within a few ms (the wait is outside the step lock), not after the padding."""
+    import threading
+
+    a = _emulated_agent(0.1)
+    trainer = threading.Thread(target=a.train_forever, daemon=True)
+    t0 = time.perf_counter()
+    trainer.start()
+    waits = []
+    for i in range(12):
+        time.sleep(0.037)
+        t = time.perf_counter()
+        a.handle({"op": "yield", "shard": i % 2}, b"")
+        waits.append(time.perf_counter() - t)
+    a.stop_requested = True
+    trainer.join(5)
+    per_step = (time.perf_counter() - t0) / a.steps
+    assert 0.09 <= per_step <= 0.11 * (a.steps + 1) / a.steps, (per_step, a.steps)
+    c = a.device_clock.counters()
+    assert c["late_steps"] == 0 and 0 < c["compute_s"] < 0.02 * a.steps  # a Linear(3, 2) step: well under 20 ms
+    assert c["device_idle_s"] > 0.08 * a.steps
+    assert max(waits) < 0.03, waits  # never the 0.1 s padding (nor most of it)
+
+
+def test_device_clock_counts_late_steps_and_leaves_hook_time_out_of_compute():
+    from mpca.runtime.agent import DeviceClock
+
+    slept = []
+    clock = DeviceClock(0.05, sleep=slept.append)
+    started = clock.start(exchange_s=1.0)
+    time.sleep(0.02)
+    clock.finish(started, exchange_s=1.015)  # 15 ms of the 20 ms were an all-reduce in a hook
+    assert 0.004 <= clock.compute_s <= 0.015 and abs(slept[0] - (0.05 - clock.compute_s)) < 1e-9
+    late = DeviceClock(0.001, sleep=slept.append)
+    started = late.start(0.0)
+    time.sleep(0.005)
+    late.finish(started, 0.0)
+    assert late.late_steps == 1 and len(slept) == 1 and late.device_idle_s == 0.0
+    free = DeviceClock(None, sleep=slept.append)
+    free.finish(free.start(0.0), 0.0)
+    assert free.late_steps == 0 and len(slept) == 1  # no emulation: measured, never padded
