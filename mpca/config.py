@@ -208,10 +208,22 @@ class Settings(_Strict):
 
 
 class MLflowSection(_Strict):
-    experiment: Optional[str] = None
+    """MLflow tracking of a job (without this section: on where MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME,
+    MLFLOW_EXPERIMENT_ID or MLFLOW_RUN_ID is set or an MLflow run is active, as if ``mlflow: {}`` were given)."""
+
+    experiment: Optional[str] = Field(None, description="None: MLFLOW_EXPERIMENT_NAME/_ID or the default experiment")
     tracking_uri: Optional[str] = Field(None, description="e.g. databricks, http://host:5000, file:/path (None: "
                                         "MLFLOW_TRACKING_URI or ./mlruns)")
     run_name: Optional[str] = None
+    register_as: Optional[str] = Field(None, description="register the logged model in the MLflow model registry "
+                                       "under this name (a new version each run); Unity Catalog: catalog.schema.model")
+
+    @field_validator("register_as")
+    @classmethod
+    def _model_name(cls, v):
+        if v is not None and (not v.strip() or "/" in v or ":" in v):
+            raise ValueError("a registered model's name: not empty, without '/' or ':' (e.g. digits-cnn)")
+        return v
 
 
 class TensorBoardSection(_Strict):

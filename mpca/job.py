@@ -247,7 +247,7 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
     preflight(cfg, starting_spark=spark is None and cfg.cluster.master != "existing")
     from mpca.tracking import from_config
 
-    trackers = from_config(cfg.tracking)  # MLflow / TensorBoard, when the config asks for them (before Spark)
+    trackers = from_config(cfg.tracking)  # MLflow / TensorBoard: the config's, or MLflow's environment (before Spark)
     own_session = False
     if spark is None:
         spark, own_session = _session(cfg)
@@ -259,6 +259,8 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
         with StopSignals() as signals:
             trainer.stop_requested = signals.event  # SIGTERM / Ctrl-C: stop after this cycle, write everything
             fit = trainer.fit(df)
+        if trackers is not None:
+            trackers.take_input_example(df, cfg.data)  # a few rows: the MLflow model's input example and signature
         return _write_outputs(cfg, fit, signals.exit_code, trackers, t0)  # while Spark is up (cluster storage)
     finally:
         if own_session:

@@ -4,28 +4,41 @@ The hook protocol: ``on_cycle(row)`` gets every history row (an evaluation of th
 ``wall_s``, ``holdout_error``, ``holdout_loss``, ``samples_per_s``, ``epochs``, per-agent weights …).
 An ``on_cycle`` object may also have ``start(settings)`` (called before the agents start) and
 ``finish(result)`` (called with the :class:`~mpca.trainer.FitResult` when the fit ends, None if it
-failed); ``mpca train`` then hands the files it wrote to ``log_outputs(paths)``.  :class:`Trackers` fans
-one hook out to several.
+failed); ``mpca train`` then hands a few rows of the training data to ``take_input_example(df, data)``
+and the files it wrote to ``log_outputs(paths)``.  :class:`Trackers` fans one hook out to several.
 
 ``mpca train`` sets them up from the config's ``tracking`` section::
 
     tracking:
-      mlflow: {experiment: nightly-retrain, tracking_uri: null, run_name: null}   # pip install 'mpca[mlflow]'
+      mlflow: {experiment: nightly-retrain, tracking_uri: null, run_name: null,   # pip install 'mpca[mlflow]'
+               register_as: null}                                                # a registered model's name
       tensorboard: {dir: runs/tb}                                                # pip install tensorboard
+
+Without ``tracking.mlflow``, MLflow's own environment turns it on as if ``mlflow: {}`` had been given (where
+MLflow is installed): ``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``, ``MLFLOW_EXPERIMENT_ID`` or
+``MLFLOW_RUN_ID`` set, or an MLflow run active in the process (a notebook's ``mlflow.start_run()``).  An
+active run is logged into as it is (not a nested run) and left open: it is the caller's.
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import logging
 import math
 import os
+import sys
 from typing import Any, Callable, Dict, Iterable, Optional
 
-from mpca.errors import UserError
+from mpca.errors import UserError, error_line
 
 log = logging.getLogger("mpca.tracking")
 
 METRICS = ("holdout_error", "holdout_loss", "samples_per_s", "epochs", "resets")
+# MLflow's own settings that turn MLflow tracking on without a tracking.mlflow section (MLFLOW_RUN_ID: `mlflow run`)
+MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID")
+MODEL_NAME = "model"  # the MLflow model's name in the run: runs:/<run_id>/model
+EXAMPLE_ROWS = 5  # rows of the input example (more than 1: MLflow's torch.export keeps the batch dimension open)
 
 
 def _metrics(row: Dict[str, Any]) -> Dict[str, float]:
@@ -54,32 +67,53 @@ def flat_params(settings) -> Dict[str, str]:
 
 class MLflowTracker:
     """Logs the settings as params, each history row as metrics (step = cycle), and at the end the final
-    error and the job's outputs (model, history, plot, summary) as artifacts."""
+    error, the job's outputs (model.pt with model.json, history, plot, summary) as artifacts and the model as
+    an MLflow PyTorch model ``model`` (signature and input example from the training data), registered as
+    ``register_as`` where given.
+
+    With an MLflow run already active (a notebook's ``mlflow.start_run()``, Databricks), everything goes into
+    that run, which stays open (its owner ends it); otherwise the tracker starts a run and ends it."""
 
     def __init__(self, experiment: Optional[str] = None, tracking_uri: Optional[str] = None,
-                 run_name: Optional[str] = None):
+                 run_name: Optional[str] = None, register_as: Optional[str] = None):
         try:
             import mlflow
         except ImportError:
             raise UserError("tracking.mlflow needs MLflow: pip install 'mpca[mlflow]' (or mlflow-skinny)") from None
         self.mlflow = mlflow
-        if tracking_uri:
-            mlflow.set_tracking_uri(tracking_uri)
-        if experiment:
-            mlflow.set_experiment(experiment)
-        self.run_name = run_name
-        self.run = None
+        active = mlflow.active_run()
+        if active is not None and (tracking_uri or experiment):
+            log.warning("MLflow: logging into the active run %s; tracking_uri/experiment of the config are not "
+                        "used", active.info.run_id)
+        else:
+            if tracking_uri:
+                mlflow.set_tracking_uri(tracking_uri)
+            if experiment:
+                mlflow.set_experiment(experiment)
+        self.run_name, self.register_as = run_name, register_as
+        self.run, self.run_id, self.owns_run = None, None, True
+        self.example = None  # a few rows of features shaped as the model's input (take_input_example)
+        self.model_uri: Optional[str] = None  # the logged MLflow model, after log_outputs
 
     def start(self, settings) -> None:
-        self.run = self.mlflow.start_run(run_name=self.run_name)
-        self.mlflow.log_params(flat_params(settings))
+        active = self.mlflow.active_run()
+        self.owns_run = active is None
+        self.run = self.mlflow.start_run(run_name=self.run_name) if active is None else active
+        self.run_id = self.run.info.run_id
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.mlflow.log_params(flat_params(settings))
+        except MlflowException as e:  # a second fit in the same (active) run: MLflow keeps a param's first value
+            log.warning("MLflow: the settings were not logged as params (%s); start one run per fit",
+                        error_line(e, 200))
 
     def __call__(self, row: Dict[str, Any]) -> None:
         if self.run is not None:
             self.mlflow.log_metrics(_metrics(row), step=int(row.get("cycle", 0)))
 
     def finish(self, result) -> None:
-        """End of the fit (the Trainer calls it): final metrics, stop reason; the run ends."""
+        """End of the fit (the Trainer calls it): final metrics, stop reason; a run the tracker started ends."""
         if self.run is None:
             return
         try:
@@ -89,21 +123,92 @@ class MLflowTracker:
                 self.mlflow.log_metrics({k: float(v) for k, v in final.items() if v is not None and math.isfinite(v)})
                 self.mlflow.set_tag("stop_reason", result.stop_reason)
         finally:
-            self.run_id = self.run.info.run_id
-            self.mlflow.end_run(status="FINISHED" if result is not None else "FAILED")
+            if self.owns_run:
+                self.mlflow.end_run(status="FINISHED" if result is not None else "FAILED")
             self.run = None
 
+    def take_input_example(self, df, data) -> None:
+        """A few rows' features of the training DataFrame (``data``: its features, label and input_shape) as
+        the logged model's input example; without one the model is logged without signature."""
+        try:
+            self.example = input_example(df, data)
+        except Exception as e:  # noqa: BLE001 - the model is still logged, pickled and without signature
+            log.warning("MLflow: no input example from the data (%s)", error_line(e, 200))
+
+    def _in_run(self):
+        """The tracker's run, active: as it is where it is still the active run, else resumed for the block."""
+        active = self.mlflow.active_run()
+        if active is not None and active.info.run_id == self.run_id:
+            return contextlib.nullcontext(active)
+        return self.mlflow.start_run(run_id=self.run_id, nested=active is not None)
+
     def log_outputs(self, outputs: Dict[str, Optional[str]]) -> None:
-        """Attach files a job wrote after the fit (model.pt with its model.json, history, plot, summary)."""
-        if getattr(self, "run_id", None) is None:
+        """Attach files a job wrote after the fit (model.pt with its model.json, history, plot, summary) and
+        the model as an MLflow PyTorch model (rebuilt from model.pt and model.json)."""
+        if self.run_id is None:
             return
-        with self.mlflow.start_run(run_id=self.run_id):
+        with self._in_run():
             for path in outputs.values():
                 if path and "://" not in path and os.path.isfile(path):
                     self.mlflow.log_artifact(path)
                     sidecar = path[:-3] + ".json" if path.endswith(".pt") else None
                     if sidecar and os.path.isfile(sidecar):
                         self.mlflow.log_artifact(sidecar)  # the architecture beside the weights
+            model = outputs.get("model")
+            if model and "://" not in model and os.path.isfile(model):
+                self.log_model(model)
+
+    def log_model(self, path: str) -> None:
+        """The saved model at ``path`` as the MLflow PyTorch model ``model`` of the active run (registered as
+        ``register_as`` where set); where MLflow's torch.export of it fails, pickled instead."""
+        import mlflow.pytorch
+
+        from mpca.ml.spec import load_model
+
+        model = load_model(path)
+        kwargs = log_model_kwargs(mlflow.pytorch.log_model, model, self.example, self.register_as)
+        try:
+            info = mlflow.pytorch.log_model(model, **kwargs)
+        except Exception as e:  # noqa: BLE001 - torch.export cannot trace every model: pickle it
+            if "serialization_format" in kwargs or not _accepts(mlflow.pytorch.log_model, "serialization_format"):
+                raise
+            log.warning("MLflow: torch.export of the model failed (%s); logging it pickled", error_line(e, 200))
+            info = mlflow.pytorch.log_model(model, **kwargs, serialization_format="pickle")
+        self.model_uri = info.model_uri
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    return name in inspect.signature(fn).parameters
+
+
+def log_model_kwargs(log_model: Callable, model, example, register_as: Optional[str]) -> Dict[str, Any]:
+    """Keyword arguments of ``mlflow.pytorch.log_model`` for ``model`` on the installed MLflow: the name
+    (``name=`` from MLflow 3, ``artifact_path=`` before), the signature (the example and the model's output on
+    it) and the input example, the registered model's name."""
+    kwargs: Dict[str, Any] = {("name" if _accepts(log_model, "name") else "artifact_path"): MODEL_NAME}
+    if register_as:
+        kwargs["registered_model_name"] = register_as
+    if example is not None:
+        import torch
+        from mlflow.models import infer_signature
+
+        with torch.no_grad():
+            output = model(torch.from_numpy(example)).numpy()
+        kwargs.update(signature=infer_signature(example, output), input_example=example)
+    elif _accepts(log_model, "serialization_format"):
+        kwargs["serialization_format"] = "pickle"  # MLflow 3's default, torch.export, needs an example
+    return kwargs
+
+
+def input_example(df, data, rows: int = EXAMPLE_ROWS):
+    """The features of the first ``rows`` rows of a Spark DataFrame as the model takes them: a float32 numpy
+    array of shape ``(rows, *data.input_shape)`` (``data``: a settings ``data`` section)."""
+    from mpca.compat import to_arrow
+    from mpca.data.checks import tensors
+
+    sample = to_arrow(df.select(data.features, data.label).limit(rows))
+    x, _ = tensors(sample, data.features, data.label, data.input_shape)
+    return x.numpy()
 
 
 class TensorBoardTracker:
@@ -151,17 +256,43 @@ class Trackers:
             if hasattr(h, "finish"):
                 h.finish(result)
 
+    def take_input_example(self, df, data) -> None:
+        for h in self.hooks:
+            if hasattr(h, "take_input_example"):
+                h.take_input_example(df, data)
+
     def log_outputs(self, outputs) -> None:
         for h in self.hooks:
             if hasattr(h, "log_outputs"):
                 h.log_outputs(outputs)
 
 
+def mlflow_from_environment() -> bool:
+    """Whether MLflow's own environment asks for tracking: one of :data:`MLFLOW_ENV` set or an MLflow run
+    active in this process — and MLflow importable (where it is not: False, and a log line)."""
+    named = [k for k in MLFLOW_ENV if os.environ.get(k)]
+    if not named and "mlflow" not in sys.modules:
+        return False  # no run can be active in a process that never imported mlflow
+    try:
+        import mlflow
+    except ImportError:
+        if named:
+            log.info("%s set but MLflow is not installed: nothing goes to MLflow (pip install 'mpca[mlflow]')",
+                     ", ".join(named))
+        return False
+    return bool(named) or mlflow.active_run() is not None
+
+
 def from_config(section) -> Optional[Trackers]:
-    """The trackers a job config's ``tracking`` section asks for (None when it asks for none)."""
+    """The trackers a job config's ``tracking`` section asks for (None when it asks for none).  Without
+    ``tracking.mlflow``, MLflow's own environment (:func:`mlflow_from_environment`) adds an MLflow tracker
+    as if ``mlflow: {}`` had been given."""
     hooks = []
-    if section.mlflow is not None:
-        hooks.append(MLflowTracker(section.mlflow.experiment, section.mlflow.tracking_uri, section.mlflow.run_name))
+    ml = section.mlflow
+    if ml is not None:
+        hooks.append(MLflowTracker(ml.experiment, ml.tracking_uri, ml.run_name, register_as=ml.register_as))
+    elif mlflow_from_environment():
+        hooks.append(MLflowTracker())  # the URI, experiment or run MLflow itself picks up
     if section.tensorboard is not None:
         hooks.append(TensorBoardTracker(section.tensorboard.dir))
     return Trackers(hooks) if hooks else None
