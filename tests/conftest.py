@@ -3,11 +3,19 @@
 A test asks for a shape with ``@pytest.mark.cluster(executors=3, cores=2, fake_gpus=0)``; tests are
 ordered so that each shape's session starts once, and every session is stopped at the end.
 """
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Spark SQL's warehouse (./spark-warehouse by default) in a temporary directory, for this process and every
+# Spark the tests start in a subprocess: tests write only under temporary directories (CI checks the tree)
+_WAREHOUSE = tempfile.mkdtemp(prefix="mpca-tests-warehouse-")
+os.environ["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.sql.warehouse.dir={_WAREHOUSE} pyspark-shell"
+atexit.register(shutil.rmtree, _WAREHOUSE, True)
 DEFAULT_SHAPE = (2, 2, 0, False, 1)
 SECURE_CONF = {  # Spark's own authentication and encryption (RPC, shuffle/broadcast blocks, Python broadcasts)
     "spark.authenticate": "true",

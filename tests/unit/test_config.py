@@ -44,7 +44,7 @@ def test_missing_and_broken_config_files(tmp_path, capsys):
 
 
 def test_unknown_model_and_unwritable_output(tmp_path, capsys):
-    assert main(["train", "-c", "conf/digits.yaml", "model.name=vgg99"]) == 2
+    assert main(["train", "-c", "conf/digits.yaml", "model.name=vgg99", f"run.output_dir={tmp_path}/out"]) == 2
     assert "model.name 'vgg99' is unknown" in capsys.readouterr().err
     blocker = tmp_path / "a-file"
     blocker.write_text("x")  # a directory cannot be created under a file, not even by root
