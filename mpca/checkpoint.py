@@ -17,6 +17,7 @@ the manifest goes last, so a manifest always names a complete data file, and
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import json
@@ -135,7 +136,7 @@ class BackgroundSaver:
         self.location, self.keep = location, keep
         self._thread: Optional[threading.Thread] = None
         self.error: Optional[BaseException] = None
-        self.written: List[str] = []
+        self.written: collections.deque = collections.deque(maxlen=keep)  # the last ones (those kept)
 
     def write(self, ckpt: Checkpoint) -> None:
         """Write now, after any checkpoint still being written."""

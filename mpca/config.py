@@ -92,6 +92,9 @@ class TrainingSection(_Strict):
                                             "numbers (e.g. keep a core for it alone); None: no pinning")
     min_agents: int = Field(1, ge=1, description="fewer agents answering than this for cluster.agent_lost_timeout_s "
                             "fails the run (lost agents are otherwise left out of the reduction until they return)")
+    timeline_window: int = Field(1000, ge=1, description="cycles of the exchange timeline the driver keeps in "
+                                 "memory (~3 KB each); older ones go to a temporary file, and timeline.csv and "
+                                 "FitResult.timeline.to_pandas() still hold every cycle")
 
     @model_validator(mode="after")
     def _min_agents_fit(self):
@@ -272,7 +275,7 @@ SHORTCUTS = {
     "executor_wait_s": "cluster.executor_wait_s", "agent_start_timeout_s": "cluster.agent_start_timeout_s",
     "service_host": "cluster.service_host", "service_port": "cluster.service_port",
     "min_agents": "training.min_agents", "agent_wait_s": "cluster.agent_wait_s",
-    "agent_lost_timeout_s": "cluster.agent_lost_timeout_s",
+    "agent_lost_timeout_s": "cluster.agent_lost_timeout_s", "timeline_window": "training.timeline_window",
 }
 
 

@@ -293,7 +293,7 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
     write_history_csv(history, hist_path)
     plot = plot_history(history, os.path.join(local, "history.png"), title=f"{cfg.run.name}: holdout error",
                         target=cfg.stop.target_error, agents_up_s=fit.agents_up_s)
-    fit.timeline.to_pandas().to_csv(os.path.join(local, "timeline.csv"), index=False)
+    fit.timeline.write_csv(os.path.join(local, "timeline.csv"))  # every cycle, streamed from the spill file
     target = cfg.stop.target_error
     reached = target is not None and fit.final.error <= target
     code = EXIT_TARGET_NOT_REACHED if target is not None and not reached else EXIT_OK

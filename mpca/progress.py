@@ -1,6 +1,7 @@
 """Live progress on the driver: one updating line on a terminal or in a notebook, periodic log lines otherwise."""
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import sys
@@ -41,7 +42,8 @@ class Progress:
         self.target = target_error
         self.log_every_s = log_every_s
         self._last_log = 0.0
-        self._errors: list = []  # (wall, error) for the time-to-target estimate
+        # (wall, error) of the last 4 evaluations for the time-to-target estimate (bounded: runs last days)
+        self._errors: collections.deque = collections.deque(maxlen=4)
         self.cycle = 0
         self.samples_per_s = float("nan")
         self.error = float("nan")

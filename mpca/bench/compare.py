@@ -91,9 +91,10 @@ def _median(values: List[float]) -> float:
 def _traffic(fit) -> int:
     """Payload bytes the algorithm moved: through Spark (reductions, broadcasts), the parameter service,
     and agent to agent (what the agents report as ``wire_bytes``)."""
-    spark = sum(c.bytes_up + c.bytes_down for c in fit.timeline.cycles)
+    totals = fit.timeline.totals  # over the whole run (the timeline keeps only its last cycles in memory)
+    spark = totals.bytes_up + totals.bytes_down
     p2p = sum(int((r.extra or {}).get("wire_bytes", 0)) for r in fit.timeline.cycles[-1].agents.values()) \
-        if fit.timeline.cycles else 0
+        if fit.timeline.cycles else 0  # cumulative counts: the last cycle's
     return spark + int(fit.extra.get("service_bytes", 0)) + p2p
 
 
@@ -107,12 +108,13 @@ def _duty(fit) -> float:
 def _comm_comp(fit) -> Optional[float]:
     """Communication/computation ratio of one model exchange (paper Table 1): the time the pipeline needs
     to move the whole model once (median cycle × S) over the time of one local step."""
-    steady = fit.timeline.cycles[3:] if len(fit.timeline.cycles) > 4 else fit.timeline.cycles  # short runs: all
+    # the cycles in memory (the last training.timeline_window) after warm-up; short runs: all
+    steady = fit.timeline.cycles[3:] if len(fit.timeline.cycles) > 4 else fit.timeline.cycles
     cycles = [c.t_end - c.t_submit for c in steady if c.reduce_shard is not None]
     rates = [r.steps_per_s for c in steady for r in c.agents.values() if r.steps_per_s]
     if not cycles or not rates:
         return None
-    shards = len({c.reduce_shard for c in fit.timeline.cycles})
+    shards = len(fit.timeline.totals.shards)
     return statistics.median(cycles) * shards * statistics.median(rates)
 
 

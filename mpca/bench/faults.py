@@ -89,7 +89,8 @@ def faulty(model_fn: Callable, fault: str, at_call: int = 150, hang_s: float = 8
 
 
 def recovery(fit, agent: int = 1) -> dict:
-    """Cycles without ``agent``, the longest cycle, and seconds from its first absence to its return."""
+    """Cycles without ``agent``, the longest cycle, and seconds from its first absence to its return, over
+    the cycles the timeline keeps in memory (its last ``training.timeline_window``: all of this bench's)."""
     cycles = fit.timeline.cycles
     without = [c for c in cycles if agent in c.missing]
     back = None

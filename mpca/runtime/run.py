@@ -64,7 +64,7 @@ class AgentRun:
                               agent_memory_mb=settings.data.agent_memory_mb)
         self.profile = cluster.agent_resource_profile(use_gpus, pinned=self.shape.agent_slots_per_executor > 0)
         self.job = AgentJob(self.sc, self.run_id)
-        self.timeline = Timeline()
+        self.timeline = Timeline(training.timeline_window)  # the last cycles in memory, the rest on disk
         self.pipeline = ExchangePipeline(self.sc, self.run_id, secret, self.rule, range(self.agents),
                                          self.layout.wire_dtype, self.timeline, executors=self.shape.executors,
                                          observe=self.service.observe if self.service else None,

@@ -14,13 +14,26 @@ when Spark had finished fetching the broadcast for it (``t_bc_loaded`` just
 after); the reduce task's ``t_start`` and ``t_yield`` need no broadcast.
 
 Overlap between phases is computed from these timestamps, not assumed.
+
+The driver keeps only the last ``training.timeline_window`` records in memory: older ones go, as rows, to
+a temporary file the :class:`Timeline` owns, and running totals cover the whole run, so that its memory
+stays flat over days of cycles.
 """
 from __future__ import annotations
 
+import io
+import itertools
+import os
+import pickle
+import tempfile
+import weakref
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from mpca.runtime.reports import AgentReport
+
+DEFAULT_WINDOW = 1000  # cycles kept in memory (~3 KB each); training.timeline_window
+WARM_UP_MAX = 16  # overlap_fraction can skip at most this many first cycles
 
 
 @dataclass
@@ -72,34 +85,202 @@ class CycleRecord:
         return self.stage_start is not None and self.stage_start < self.t_end and self.t_submit < self.stage_end
 
 
-class Timeline:
+class TimelineTotals:
+    """Running sums over every cycle of a run, kept up as cycles are added (so that nothing that needs the
+    whole run has to keep every record): traffic, cycles, rejections, corrections, overlap, longest cycle."""
+
     def __init__(self):
-        self.cycles: List[CycleRecord] = []
+        self.cycles = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.rejected = 0
+        self.corrections = 0
+        self.misplaced = 0
+        self.exchanged = 0  # cycles that both broadcast and reduced a shard
+        self.overlapped = 0  # ... and whose broadcast and reduction overlapped
+        self.longest_cycle_s = 0.0
+        self.shards: Set[int] = set()  # the shards reduced (at most S)
 
     def add(self, rec: CycleRecord) -> None:
+        self.cycles += 1
+        self.bytes_up += rec.bytes_up
+        self.bytes_down += rec.bytes_down
+        self.rejected += bool(rec.rejected)
+        self.corrections += rec.corrections
+        self.misplaced += rec.misplaced
+        exchanged, overlapped = _overlap_flags(rec)
+        self.exchanged += exchanged
+        self.overlapped += overlapped
+        self.longest_cycle_s = max(self.longest_cycle_s, rec.t_end - rec.t_submit)
+        if rec.reduce_shard is not None:
+            self.shards.add(rec.reduce_shard)
+
+
+def _overlap_flags(rec: CycleRecord) -> Tuple[bool, bool]:
+    """Whether the cycle both broadcast and reduced a shard, and whether those two overlapped."""
+    exchanged = rec.bcast_shard is not None and rec.reduce_shard is not None
+    return exchanged, exchanged and rec.broadcast_overlaps_reduce()
+
+
+def _row(c: CycleRecord) -> dict:
+    """One cycle as a flat row (``timeline.csv``, :meth:`Timeline.to_pandas`)."""
+    return {
+        "cycle": c.cycle, "reduce_shard": c.reduce_shard, "bcast_shard": c.bcast_shard,
+        "stage_shard": c.stage_shard, "t_submit": c.t_submit, "t_end": c.t_end,
+        "stage_start": c.stage_start, "stage_end": c.stage_end, "bcast_end": c.bcast_end,
+        "reduce_start": c.reduce_start, "overlap": c.broadcast_overlaps_reduce(),
+        "rejected": c.rejected, "resets": sum(e.resets for e in c.agents.values()), "bytes_up": c.bytes_up,
+        "bytes_down": c.bytes_down, "corrections": c.corrections, "misplaced": c.misplaced,
+        "missing": list(c.missing), "joined": list(c.joined),
+        "weight": {a: e.weight for a, e in sorted(c.agents.items())},
+        "steps_per_s": {a: e.steps_per_s for a, e in sorted(c.agents.items())},
+    }
+
+
+COLUMNS = list(_row(CycleRecord(0, None, None, 0.0)))
+SHARD_COLUMNS = ("reduce_shard", "bcast_shard", "stage_shard")
+
+
+class _Spill:
+    """Rows of the cycles that left the window, appended (a pickle stream) to an unnamed temporary file the
+    timeline owns: created at the first row, gone when closed — or when the process ends, however it ends."""
+
+    def __init__(self, directory: Optional[str]):
+        self.directory = directory
+        self.rows = 0
+        self.closed = False
+        self._file = None
+
+    def write(self, row: dict) -> None:
+        if self.closed:
+            raise RuntimeError("the timeline was closed: its spill file is gone")
+        if self._file is None:
+            self._file = tempfile.TemporaryFile(prefix="mpca-timeline-", dir=self.directory)
+        pickle.dump(row, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.rows += 1
+
+    def read(self, rows: int) -> Iterator[dict]:
+        """The first ``rows`` rows, oldest first, read at an offset of their own (the writer's stays)."""
+        if rows == 0:
+            return
+        if self.closed:
+            raise RuntimeError(f"the timeline was closed: the {self.rows} rows it had spilled are gone")
+        self._file.flush()
+        reader = io.BufferedReader(_ReadAt(self._file.fileno()))
+        for _ in range(rows):
+            yield pickle.load(reader)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._file is not None:
+            self._file.close()
+
+
+class _ReadAt(io.RawIOBase):
+    """A file descriptor read from its own offset (``os.pread``), without moving the descriptor's."""
+
+    def __init__(self, fd: int):
+        self.fd, self.offset = fd, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = os.pread(self.fd, len(buffer), self.offset)
+        buffer[:len(data)] = data
+        self.offset += len(data)
+        return len(data)
+
+
+class Timeline:
+    """The run's cycles: the last ``window`` records in memory (:attr:`cycles`), running totals over all of
+    them (:attr:`totals`), and the older ones as rows in a temporary spill file, so that the driver's memory
+    stays flat however long the run; :meth:`to_pandas` and :meth:`write_csv` give the whole run.
+
+    The spill file is unnamed (in ``spill_dir``, default the system's temporary directory, ~400 bytes a
+    cycle): it lives as long as the timeline, until :meth:`close`, the end of a ``with`` block or the
+    timeline's garbage collection, and never outlives the process (not even one killed)."""
+
+    def __init__(self, window: int = DEFAULT_WINDOW, spill_dir: Optional[str] = None):
+        if window < 1:
+            raise ValueError(f"window must be >= 1 cycle, got {window}")
+        self.window = window
+        self.cycles: List[CycleRecord] = []  # the last `window` cycles, oldest first
+        self.totals = TimelineTotals()
+        self._head: List[Tuple[bool, bool]] = []  # overlap flags of the first WARM_UP_MAX cycles
+        self._spill = _Spill(spill_dir)
+        self._finalizer = weakref.finalize(self, self._spill.close)
+
+    def add(self, rec: CycleRecord) -> None:
+        self.totals.add(rec)
+        if len(self._head) < WARM_UP_MAX:
+            self._head.append(_overlap_flags(rec))
         self.cycles.append(rec)
+        while len(self.cycles) > self.window:
+            self._spill.write(_row(self.cycles.pop(0)))
+
+    @property
+    def spilled(self) -> int:
+        """Cycles that left the in-memory window (their rows are in the spill file)."""
+        return self._spill.rows
 
     def overlap_fraction(self, skip: int = 3) -> float:
-        """Fraction of cycles (after ``skip`` warm-up cycles) whose broadcast and reduction overlapped."""
-        rows = [c for c in self.cycles[skip:] if c.bcast_shard is not None and c.reduce_shard is not None]
-        return sum(c.broadcast_overlaps_reduce() for c in rows) / len(rows) if rows else 0.0
+        """Fraction of the run's cycles (after ``skip`` ≤ 16 warm-up cycles) whose broadcast and reduction
+        overlapped, among those that did both."""
+        if not 0 <= skip <= WARM_UP_MAX:
+            raise ValueError(f"skip must be within 0-{WARM_UP_MAX}, got {skip}")
+        head = self._head[:skip]
+        exchanged = self.totals.exchanged - sum(e for e, _ in head)
+        overlapped = self.totals.overlapped - sum(o for _, o in head)
+        return overlapped / exchanged if exchanged else 0.0
+
+    def iter_rows(self) -> Iterator[dict]:
+        """Every cycle of the run so far as a row, oldest first: the spilled ones, then the window (cycles
+        added while it is read are not in it)."""
+        return itertools.chain(self._spill.read(self._spill.rows), map(_row, list(self.cycles)))
 
     def rows(self) -> List[dict]:
-        out = []
-        for c in self.cycles:
-            weights = {a: e.weight for a, e in sorted(c.agents.items())}
-            rates = {a: e.steps_per_s for a, e in sorted(c.agents.items())}
-            out.append({
-                "cycle": c.cycle, "reduce_shard": c.reduce_shard, "bcast_shard": c.bcast_shard,
-                "stage_shard": c.stage_shard, "t_submit": c.t_submit, "t_end": c.t_end,
-                "stage_start": c.stage_start, "stage_end": c.stage_end, "bcast_end": c.bcast_end,
-                "reduce_start": c.reduce_start, "overlap": c.broadcast_overlaps_reduce(),
-                "rejected": c.rejected, "resets": sum(e.resets for e in c.agents.values()), "bytes_up": c.bytes_up, "bytes_down": c.bytes_down, "corrections": c.corrections, "misplaced": c.misplaced, "missing": list(c.missing), "joined": list(c.joined),
-                "weight": weights, "steps_per_s": rates,
-            })
-        return out
+        return list(self.iter_rows())
 
     def to_pandas(self):
+        """The whole run, one row per cycle (it is all in memory at once: for very long runs,
+        :meth:`write_csv` streams it instead)."""
         import pandas as pd
 
         return pd.DataFrame(self.rows())
+
+    def write_csv(self, path: str, chunk: int = 5_000) -> None:
+        """The whole run as CSV (``timeline.csv``), ``chunk`` rows in memory at a time; the shard columns are
+        integers with empty cells where a cycle had none."""
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            header = True
+            for rows in _batches(self.iter_rows(), chunk):
+                _frame(rows).to_csv(f, header=header, index=False)
+                header = False
+            if header:
+                _frame([]).to_csv(f, index=False)
+
+    def close(self) -> None:
+        """Remove the spill file; the window and totals stay, the spilled rows are gone."""
+        self._finalizer()
+
+    def __enter__(self) -> "Timeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _batches(rows: Iterable[dict], n: int) -> Iterator[List[dict]]:
+    it = iter(rows)
+    while True:
+        batch = list(itertools.islice(it, n))
+        if not batch:
+            return
+        yield batch
+
+
+def _frame(rows: List[dict]):
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=COLUMNS).astype({k: "Int64" for k in SHARD_COLUMNS})

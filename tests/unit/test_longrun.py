@@ -22,3 +22,8 @@ def test_rss_and_children_of_this_process():
     finally:
         p.kill()
         p.wait()
+
+
+def test_span_is_from_the_end_of_the_warm_up_to_the_last_sample():
+    rows = [{"cycle": 500 * i, "m": 300.0 + i} for i in range(1, 21)]  # cycles 500 ... 10,000
+    assert longrun.span(rows, "m") == (1000, 302.0, 10_000, 320.0)  # "from 1,000 to 10,000 cycles"
