@@ -92,6 +92,10 @@ class TrainingSection(_Strict):
                                             "numbers (e.g. keep a core for it alone); None: no pinning")
     min_agents: int = Field(1, ge=1, description="fewer agents answering than this for cluster.agent_lost_timeout_s "
                             "fails the run (lost agents are otherwise left out of the reduction until they return)")
+    device_step_s: Optional[float] = Field(None, gt=0, description="benchmarks: an emulated accelerator per "
+                                           "agent — every training step takes this wall time (the real step runs, "
+                                           "then the agent waits out the rest, serving the exchange meanwhile); "
+                                           "steps slower than it are counted late; None: off")
     timeline_window: int = Field(1000, ge=1, description="cycles of the exchange timeline the driver keeps in "
                                  "memory (~3 KB each); older ones go to a temporary file, and timeline.csv and "
                                  "FitResult.timeline.to_pandas() still hold every cycle")
@@ -276,6 +280,7 @@ SHORTCUTS = {
     "service_host": "cluster.service_host", "service_port": "cluster.service_port",
     "min_agents": "training.min_agents", "agent_wait_s": "cluster.agent_wait_s",
     "agent_lost_timeout_s": "cluster.agent_lost_timeout_s", "timeline_window": "training.timeline_window",
+    "device_step_s": "training.device_step_s",
 }
 
 

@@ -3,7 +3,7 @@
     mpca bench compare [-c conf/mnist_mlp.yaml] [--algorithms mpca,sync,easgd,diloco,ddp,single]
                        [--ablations] [--targets 0.3,0.2,0.1] [--max-seconds 120] [--repeats 1]
                        [--network none|1gbit|100mbit] [--straggler AGENT:SPEED] [--out runs/compare]
-                       [--variant LABEL=NAME,key=value,...] [key=value ...]
+                       [--variant LABEL=NAME,key=value,...] [--device-step SECONDS] [key=value ...]
 
 Runs the chosen algorithms one after another (and, with ``--ablations``, the paper's MPCA ablations:
 γ = 0 without extrapolation, Fig. 10a; unweighted instead of τ-weighted reduction, Fig. 10c; S = 1 and 2
@@ -16,7 +16,9 @@ target, final error, bytes moved, duty cycle, the agents' samples/s, the cores e
 or weak synchronization's dropped gradients; for the run: network, communication/computation ratio of
 one model exchange, cycle overlap), ``compare.png`` (error against wall time) and each run's history.
 ``--network`` runs everything on the emulated cluster of :mod:`mpca.bench.netcluster` when this machine
-allows it (root, network namespaces), else on local-cluster, labelled as such.
+allows it (root, network namespaces), else on local-cluster, labelled as such.  ``--device-step T`` gives
+every agent an emulated device (:mod:`mpca.bench.emulation`): each training step takes T, for every
+algorithm; a run where agents fell behind T or the machine was saturated is marked INVALID in the table.
 """
 from __future__ import annotations
 
@@ -122,6 +124,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
             straggler=None) -> dict:
     from mpca import job
     from mpca.bench.cpu_profile import CpuProfile
+    from mpca.bench.emulation import device_check
     from mpca.bench.straggler import slowed
     from mpca.config import settings_from
     from mpca.trainer import Trainer
@@ -149,7 +152,8 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
             "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": _traffic(fit), "duty_cycle": _duty(fit),
             "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None, "figures": figures(fit.history),
             "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None,
-            "samples_per_s": _samples_per_s(fit), "cpu": cpu}
+            "samples_per_s": _samples_per_s(fit), "cpu": cpu,
+            "emulation": device_check(fit.agents, cpu, settings.training.device_step_s)}
 
 
 def _samples_per_s(fit) -> float:
@@ -172,8 +176,11 @@ def _warm_up(spark, cfg, data, out: str) -> None:
 
 
 def table(results: Dict[str, dict], targets: List[float]) -> "object":
-    """One row per algorithm: median time to each target, and its ratio to ``single`` and to ``mpca``."""
+    """One row per algorithm: median time to each target, and its ratio to ``single`` and to ``mpca``; with
+    emulated devices, whether the emulation held in every repeat."""
     import pandas as pd
+
+    from mpca.bench.emulation import verdict
 
     rows = []
     for label, r in results.items():
@@ -184,6 +191,8 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
             for ref in ("single", "mpca"):
                 base = results.get(ref, {}).get("time_to", {}).get(t, math.nan)
                 row[f"t({100 * t:g}%)/{ref}"] = v / base if base and not math.isnan(base) else math.nan
+        if r.get("emulation") and verdict(r["emulation"]):
+            row["emulated devices"] = verdict(r["emulation"])  # INVALID: not a result (agents behind T, CPU full)
         row.update({"final error %": 100 * r["final_error"], "MB moved": r["bytes"] / 1e6,
                     "duty cycle": r["duty_cycle"], "samples/s": r.get("samples_per_s", math.nan),
                     "agents' cores": r.get("cpu", {}).get("agents", math.nan)})
@@ -213,7 +222,8 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                           "bytes": statistics.median(r["bytes"] for r in runs),
                           "duty_cycle": statistics.median(r["duty_cycle"] for r in runs), "repeats": len(runs),
                           "samples_per_s": _median([r["samples_per_s"] for r in runs]),
-                          "cpu": {k: statistics.median(r["cpu"][k] for r in runs) for k in first["cpu"]}}
+                          "cpu": {k: statistics.median(r["cpu"][k] for r in runs) for k in first["cpu"]},
+                          "emulation": [r["emulation"] for r in runs]}
     tab = table(results, targets)
     tab.to_csv(os.path.join(out, "compare.csv"), index=False)
     mpca = results.get("mpca", {})
@@ -222,7 +232,8 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
         "model": cfg.model.name, "model_args": cfg.model.args, "data": cfg.data.dataset or cfg.data.path,
         "comm_comp_ratio": mpca.get("comm_comp"), "cycle_overlap": mpca.get("overlap"),
         "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
-                                                  "duty_cycle", "repeats", "figures", "samples_per_s", "cpu")}
+                                                  "duty_cycle", "repeats", "figures", "samples_per_s", "cpu",
+                                                  "emulation")}
                        | {"time_to": {str(t): r["time_to"][t] for t in targets}} for label, r in results.items()},
     }
     write_json(os.path.join(out, "compare.json"), summary)
@@ -238,6 +249,15 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     print("\nCPU by role (cores used; agents = training processes, python workers = exchange tasks):")
     for label, r in results.items():
         print(f"  {label:<{max(map(len, results))}}  {describe(r['cpu'])}")
+    step_s = cfg.training.device_step_s
+    if step_s is not None:
+        print(f"\nEmulated devices: every step takes {1000 * step_s:g} ms (real step, then waited out); per algorithm "
+              "the median real step, its CPU, late steps and machine load:")
+        for label, r in results.items():
+            for c in r["emulation"]:
+                print(f"  {label:<{max(map(len, results))}}  real {1000 * c['real_step_s']:.1f} ms, CPU "
+                      f"{1000 * c['cpu_per_step_s']:.1f} ms, late {100 * c['late_fraction']:.1f}%, machine "
+                      f"{100 * c['machine_busy']:.0f}% busy: {'holds' if c['holds'] else 'INVALID: ' + c['why']}")
     print(f"\nwrote {out}/compare.csv, compare.json, compare.png", flush=True)
     return summary
 
@@ -278,8 +298,18 @@ def main(argv=None) -> int:
                     "--algorithms mpca,mpca:uniform,mpca:uncontested)")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL=NAME,key=value,...",
                     help="an algorithm with its own settings under LABEL, e.g. 'push:2=weaksync,c=2' (repeatable)")
+    ap.add_argument("--device-step", type=float, metavar="SECONDS",
+                    help="emulated devices: every agent's training step takes this wall time, for every algorithm "
+                         "(training.device_step_s); runs where agents fall behind it or the machine is saturated "
+                         "are marked INVALID")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the job config")
     args = ap.parse_args(argv)
+    if args.device_step is not None:
+        if not args.device_step > 0:
+            from mpca.errors import UserError
+
+            raise UserError(f"--device-step must be > 0 seconds, got {args.device_step}")
+        args.overrides.append(f"training.device_step_s={args.device_step}")
     from mpca.algorithm import algorithm_names
     from mpca.config import load_config
     from mpca.errors import UserError

@@ -61,7 +61,7 @@ class AgentRun:
                               service=self.service.address if self.service else None,
                               rendezvous=self.rule.rendezvous(host, settings.cluster.service_port),
                               cpus=training.agent_cpus, join_on_retry=algo.exchange == "cycle",
-                              agent_memory_mb=settings.data.agent_memory_mb)
+                              agent_memory_mb=settings.data.agent_memory_mb, device_step_s=training.device_step_s)
         self.profile = cluster.agent_resource_profile(use_gpus, pinned=self.shape.agent_slots_per_executor > 0)
         self.job = AgentJob(self.sc, self.run_id)
         self.timeline = Timeline(training.timeline_window)  # the last cycles in memory, the rest on disk
