@@ -310,7 +310,8 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
         "status": status,
         "exit_code": code, "stop_reason": fit.stop_reason, "final_holdout_error": fit.final.error,
         "final_holdout_loss": fit.final.loss, "target_error": target, "wall_s": fit.wall_s,
-        "job_wall_s": time.time() - t0, "cycles": fit.cycles, "agents_up_s": fit.agents_up_s, "first_cycle": fit.extra.get("first_cycle", 0),
+        "job_wall_s": time.time() - t0, "cycles": fit.cycles, "agents_up_s": fit.agents_up_s,
+        "first_cycle": fit.extra.get("first_cycle", 0),
         "agents": cfg.training.agents, "algorithm": cfg.algorithm.name, "layout": fit.extra["layout"],
         "paths": {**{k: target_path(v) if v else None for k, v in names.items()}, "checkpoints": cfg.checkpoint.dir},
     }
