@@ -47,10 +47,23 @@ class DataSection(_Strict):
         return v
 
 
+class TeacherSection(_Strict):
+    """The synthetic task ``data.dataset: teacher`` (:mod:`mpca.data.synthetic`): rows generated on the
+    executors from their index, labelled by a random tanh teacher; everything follows from ``seed``."""
+
+    rows: int = Field(2_000_000, ge=1)
+    features: int = Field(64, ge=1)
+    classes: int = Field(10, ge=2)
+    hidden: int = Field(64, ge=1)
+    seed: int = 0
+
+
 class JobDataSection(DataSection):
     """A job's data: a bundled dataset, a path Spark reads with ``format``, or a catalog table."""
 
-    dataset: Optional[Literal["digits", "mnist5k"]] = Field("digits", description="a bundled dataset")
+    dataset: Optional[Literal["digits", "mnist5k", "teacher"]] = Field(
+        "digits", description="a bundled dataset, or 'teacher': a synthetic task generated on the executors")
+    teacher: TeacherSection = Field(default_factory=TeacherSection)
     path: Optional[str] = Field(None, description="file/directory or URI that Spark reads with data.format")
     table: Optional[str] = Field(None, description="a catalog table (Hive metastore; Unity Catalog: cat.schema.table)")
     format: str = Field("parquet", pattern=r"^[A-Za-z][\w.]*$", description="the Spark data source of data.path: "
@@ -69,6 +82,9 @@ class JobDataSection(DataSection):
         if sum(x is not None for x in (self.dataset, self.path, self.table)) != 1:
             raise ValueError("give exactly one of data.dataset (digits, mnist5k), data.path (with data.format) "
                              "or data.table; set the others to null")
+        if self.dataset == "teacher" and list(self.input_shape) != [self.teacher.features]:
+            raise ValueError(f"data.dataset teacher has rows of data.teacher.features={self.teacher.features} "
+                             f"values: set data.input_shape to [{self.teacher.features}]")
         return self
 
 

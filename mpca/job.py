@@ -65,6 +65,10 @@ def _data(spark, cfg: JobConfig):
     from mpca.data.datasets import dataset_dataframe
 
     d = cfg.data
+    if d.dataset == "teacher":
+        from mpca.data.synthetic import TeacherTask
+
+        return TeacherTask(**d.teacher.model_dump()).dataframe(spark, d.partitions)
     if d.dataset is not None:
         return dataset_dataframe(spark, d.dataset, d.partitions)
     return read_source(spark, d)

@@ -51,6 +51,9 @@ def load(name: str) -> Tuple[np.ndarray, np.ndarray]:
         return load_digits()
     if name == "mnist5k":
         return load_mnist5k()
+    if name == "teacher":
+        raise UserError("dataset 'teacher' is generated on the executors (data.dataset: teacher in a job); it has "
+                        "no file to load or write")
     raise UserError(f"unknown dataset {name!r}; bundled datasets: {sorted(DATASETS)}")
 
 

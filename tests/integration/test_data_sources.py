@@ -94,3 +94,18 @@ def test_a_catalog_table_is_a_source_and_unreadable_sources_are_one_line(spark, 
         with pytest.raises(UserError, match=why) as e:
             read_source(spark, d)
         assert "\n" not in str(e.value)
+
+
+def test_the_teacher_task_is_the_same_rows_on_every_partitioning(spark):
+    """Generated on the executors from the row index: 2 or 5 partitions give the same rows as the driver."""
+    from mpca.compat import to_arrow
+    from mpca.data.checks import tensors
+    from mpca.data.synthetic import TeacherTask
+
+    task = TeacherTask(rows=9_000, features=8, hidden=16, seed=5)
+    expected_x, expected_y = task.take(np.arange(task.rows))
+    for partitions in (2, 5):
+        df = task.dataframe(spark, partitions)
+        assert df.rdd.getNumPartitions() == partitions
+        x, y = tensors(to_arrow(df), "features", "label", (8,))
+        assert np.array_equal(x.numpy(), expected_x) and np.array_equal(y.numpy(), expected_y), partitions
