@@ -11,10 +11,10 @@ import tempfile
 import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Spark SQL's warehouse (./spark-warehouse by default) in a temporary directory, for this process and every
-# Spark the tests start in a subprocess: tests write only under temporary directories (CI checks the tree)
+# Spark SQL's warehouse (./spark-warehouse by default: a catalog lookup creates it) of the shared sessions in a
+# temporary directory: tests write only under temporary directories (CI checks the tree).  Not through
+# PYSPARK_SUBMIT_ARGS: a session launched with it scheduled the overlap tests' exchange tasks differently.
 _WAREHOUSE = tempfile.mkdtemp(prefix="mpca-tests-warehouse-")
-os.environ["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.sql.warehouse.dir={_WAREHOUSE} pyspark-shell"
 atexit.register(shutil.rmtree, _WAREHOUSE, True)
 DEFAULT_SHAPE = (2, 2, 0, False, 1)
 SECURE_CONF = {  # Spark's own authentication and encryption (RPC, shuffle/broadcast blocks, Python broadcasts)
@@ -61,7 +61,8 @@ def _session_for(shape):
             _state["spark"].stop()
         executors, cores, gpus, secure, per = shape
         _state["spark"] = local_session(executors, cores, 1024, app_name=f"mpca-tests-{executors}x{cores}g{gpus}",
-                                        fake_gpus_per_executor=gpus, conf=SECURE_CONF if secure else None,
+                                        fake_gpus_per_executor=gpus,
+                                        conf={"spark.sql.warehouse.dir": _WAREHOUSE, **(SECURE_CONF if secure else {})},
                                         agents_per_executor=per)
         _state["spark"].sparkContext.setLogLevel("ERROR")
         _state["shape"] = shape
