@@ -19,8 +19,8 @@ pytestmark = pytest.mark.cluster()
 
 
 def test_agents_train_from_partitions_spilled_to_local_disk(spark):
-    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, max_seconds=8,
-                  eval_every_seconds=2, data={"input_shape": [1, 8, 8], "agent_memory_mb": 0.0},
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, max_seconds=40,
+                  target_error=0.25, eval_every_seconds=2, data={"input_shape": [1, 8, 8], "agent_memory_mb": 0.0},
                   spark=spark).fit(dataset_dataframe(spark, "digits"))
     assert [a["data_on_disk"] for a in fit.agents] == [True, True]
     assert fit.final.error < 0.3, fit.final.error
