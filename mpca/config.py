@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from mpca.algorithm import Algorithm, build_algorithm
+from mpca.data.synthetic import TeacherTask
 from mpca.errors import UserError
 
 
@@ -51,11 +52,11 @@ class TeacherSection(_Strict):
     """The synthetic task ``data.dataset: teacher`` (:mod:`mpca.data.synthetic`): rows generated on the
     executors from their index, labelled by a random tanh teacher; everything follows from ``seed``."""
 
-    rows: int = Field(2_000_000, ge=1)
-    features: int = Field(64, ge=1)
-    classes: int = Field(10, ge=2)
-    hidden: int = Field(64, ge=1)
-    seed: int = 0
+    rows: int = Field(TeacherTask.rows, ge=1)  # the task's own defaults, named once (mpca.data.synthetic)
+    features: int = Field(TeacherTask.features, ge=1)
+    classes: int = Field(TeacherTask.classes, ge=2)
+    hidden: int = Field(TeacherTask.hidden, ge=1)
+    seed: int = TeacherTask.seed
 
 
 class JobDataSection(DataSection):

@@ -37,10 +37,6 @@ class TeacherTask:
         if min(self.rows, self.features, self.hidden) < 1 or self.classes < 2:
             raise ValueError(f"a teacher task needs rows, features, hidden >= 1 and classes >= 2, got {self}")
 
-    @property
-    def input_shape(self) -> Tuple[int]:
-        return (self.features,)
-
     def teacher(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(w1, b1, w2, b2) of the teacher, float64; b2 centres the class logits on a calibration sample."""
         return _teacher(self)

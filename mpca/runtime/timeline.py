@@ -86,32 +86,22 @@ class CycleRecord:
 
 
 class TimelineTotals:
-    """Running sums over every cycle of a run, kept up as cycles are added (so that nothing that needs the
-    whole run has to keep every record): traffic, cycles, rejections, corrections, overlap, longest cycle."""
+    """Running sums over every cycle of a run that its readers need (``bench compare``: traffic, shards; the
+    overlap fraction), kept up as cycles are added so that nothing has to keep every record."""
 
     def __init__(self):
-        self.cycles = 0
         self.bytes_up = 0
         self.bytes_down = 0
-        self.rejected = 0
-        self.corrections = 0
-        self.misplaced = 0
         self.exchanged = 0  # cycles that both broadcast and reduced a shard
         self.overlapped = 0  # ... and whose broadcast and reduction overlapped
-        self.longest_cycle_s = 0.0
         self.shards: Set[int] = set()  # the shards reduced (at most S)
 
     def add(self, rec: CycleRecord) -> None:
-        self.cycles += 1
         self.bytes_up += rec.bytes_up
         self.bytes_down += rec.bytes_down
-        self.rejected += bool(rec.rejected)
-        self.corrections += rec.corrections
-        self.misplaced += rec.misplaced
         exchanged, overlapped = _overlap_flags(rec)
         self.exchanged += exchanged
         self.overlapped += overlapped
-        self.longest_cycle_s = max(self.longest_cycle_s, rec.t_end - rec.t_submit)
         if rec.reduce_shard is not None:
             self.shards.add(rec.reduce_shard)
 

@@ -52,12 +52,9 @@ def test_only_the_window_stays_in_memory_and_the_rest_is_spilled(tmp_path):
 
 def test_totals_are_the_sums_over_every_cycle_not_the_window(tmp_path):
     t = _timeline(10, window=3, spill_dir=str(tmp_path)).totals
-    assert t.cycles == 10
     assert t.bytes_up == 1045  # 10 x 100 + (0 + ... + 9)
     assert t.bytes_down == 450  # 10 x 45
-    assert t.rejected == 1 and t.corrections == 4 and t.misplaced == 2  # cycles 0, 3, 6, 9 corrected
     assert t.exchanged == 9 and t.overlapped == 4  # cycles 1-9 broadcast; the even ones (2, 4, 6, 8) overlapped
-    assert t.longest_cycle_s == pytest.approx(2.9)  # cycle 9
     assert t.shards == {0, 1, 2}
 
 
@@ -97,7 +94,7 @@ def test_the_spill_file_is_gone_on_close_at_the_end_of_a_with_and_when_collected
     assert len(_open_in(tmp_path)) == 1 and _open_in(tmp_path)[0].endswith("(deleted)")
     tl.close()
     assert _open_in(tmp_path) == []
-    assert [c.cycle for c in tl.cycles] == [3, 4] and tl.totals.cycles == 5  # window and totals stay
+    assert [c.cycle for c in tl.cycles] == [3, 4] and tl.totals.bytes_up == 510  # window and totals stay
     with pytest.raises(RuntimeError, match="3 rows it had spilled are gone"):
         tl.to_pandas()
     with pytest.raises(RuntimeError, match="closed"):
