@@ -1,9 +1,10 @@
 """Time to accuracy, algorithm against algorithm, on the same cluster, data, model, seed and targets.
 
-    mpca bench compare [-c conf/mnist_mlp.yaml] [--algorithms mpca,sync,easgd,diloco,ddp,single]
-                       [--ablations] [--targets 0.3,0.2,0.1] [--max-seconds 120] [--repeats 1]
-                       [--network none|1gbit|100mbit] [--straggler AGENT:SPEED] [--out runs/compare]
-                       [--variant LABEL=NAME,key=value,...] [--device-step SECONDS] [key=value ...]
+    mpca bench compare [-c conf/teacher_mlp.yaml] [--algorithms mpca,sync,easgd,diloco,ddp,single]
+                       [--ablations] [--targets 0.3,0.26,0.24] [--max-seconds 120] [--repeats 1]
+                       [--network none|1gbit|100mbit|RATE] [--straggler AGENT:SPEED] [--out runs/compare]
+                       [--variant LABEL=NAME,key=value,...] [--device-step SECONDS]
+                       [--regime resnet110-gbe|vgga-gbe] [--tune|--no-tune] [--agents 1,2,4,8] [key=value ...]
 
 Runs the chosen algorithms one after another (and, with ``--ablations``, the paper's MPCA ablations:
 γ = 0 without extrapolation, Fig. 10a; unweighted instead of τ-weighted reduction, Fig. 10c; S = 1 and 2
@@ -19,6 +20,12 @@ one model exchange, cycle overlap), ``compare.png`` (error against wall time) an
 allows it (root, network namespaces), else on local-cluster, labelled as such.  ``--device-step T`` gives
 every agent an emulated device (:mod:`mpca.bench.emulation`): each training step takes T, for every
 algorithm; a run where agents fell behind T or the machine was saturated is marked INVALID in the table.
+``--regime`` names a communication/computation ratio of the paper's Table 1 (:mod:`mpca.bench.regimes`:
+link and T) and tunes every algorithm on its grid for it (:mod:`mpca.bench.tuning`: each setting once,
+then the repeats at the best, afresh; the grid in ``compare.json``).  With ``--repeats`` ≥ 2 the table
+gives each time's min–max and flags repeats more than 2× apart; ``--agents 1,2,4,8`` runs the whole
+comparison per K and tabulates it over K (:mod:`mpca.bench.sweep`).  The default job is
+``conf/teacher_mlp.yaml``: 1 M rows generated on the executors, never read twice by a run.
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ import statistics
 import sys
 from typing import Dict, List, Optional
 
+from mpca.bench.regimes import REGIMES
+
 ABLATIONS = {
     "mpca:gamma0": {"name": "mpca", "gamma": {"start": 0.0, "target": 0.0}},  # no extrapolation (Fig. 10a)
     "mpca:uniform": {"name": "mpca", "weighting": "uniform"},  # unweighted reduction (Fig. 10c)
@@ -39,7 +48,7 @@ ABLATIONS = {
 }
 FIGURES = {"mean_staleness": "median", "mean_d": "median", "dropped": "sum", "updates": "sum",
            "block_updates": "sum", "commits": "sum"}  # DriverRule.metrics() columns of the history, and how to sum up
-DEFAULT_CONFIG = "conf/mnist_mlp.yaml"  # ≈1.3 M parameters: communication matters, unlike the digits CNN
+DEFAULT_CONFIG = "conf/teacher_mlp.yaml"  # 1.13 M parameters, 1 M generated rows: optimisation, not memorisation
 
 
 def time_to(history, target: float) -> float:
@@ -85,6 +94,24 @@ def figures(history) -> Dict[str, float]:
     return out
 
 
+SPREAD_LIMIT = 2.0  # repeats of one setting whose times to a target differ more than this are flagged
+
+
+def spread(times: List[Dict[float, float]], targets: List[float]) -> tuple:
+    """Over the repeats' times to each target: {target: (min, max)} of the repeats that reached it, and the
+    targets whose repeats disagree — the slowest more than :data:`SPREAD_LIMIT` × the fastest, or reached by
+    some repeats and not by others — each as a short reason."""
+    ranges, flags = {}, []
+    for t in targets:
+        hit = [r[t] for r in times if not math.isnan(r[t])]
+        ranges[t] = (min(hit), max(hit)) if hit else (math.nan, math.nan)
+        if hit and len(hit) < len(times):
+            flags.append(f"{100 * t:g}%: reached in {len(hit)} of {len(times)} repeats")
+        elif hit and min(hit) > 0 and max(hit) / min(hit) > SPREAD_LIMIT:
+            flags.append(f"{100 * t:g}%: {max(hit) / min(hit):.1f}x between repeats")
+    return ranges, flags
+
+
 def _median(values: List[float]) -> float:
     vals = [v for v in values if not math.isnan(v)]
     return statistics.median(vals) if len(vals) == len(values) and vals else math.nan
@@ -120,6 +147,13 @@ def _comm_comp(fit) -> Optional[float]:
     return statistics.median(cycles) * shards * statistics.median(rates)
 
 
+def _dirname(label: str) -> str:
+    """A run's folder under --out: its label with anything but letters, digits, '.', '=' and '-' as '-'."""
+    import re
+
+    return re.sub(r"[^\w.=-]+", "-", label).strip("-")
+
+
 def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float], max_seconds: float, out: str,
             straggler=None) -> dict:
     from mpca import job
@@ -131,7 +165,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
 
     overrides = {"algorithm": algorithm, "stop": {"max_seconds": max_seconds, "target_error": min(targets)},
                  "eval": {"every_cycles": None, "every_seconds": max(0.5, max_seconds / 60)},
-                 "checkpoint": {"dir": os.path.join(out, label.replace(":", "-"), "checkpoints"),
+                 "checkpoint": {"dir": os.path.join(out, _dirname(label), "checkpoints"),
                                 "every_cycles": 10 ** 9, "init_from": cfg.checkpoint.init_from}}
     if algorithm["name"] == "single":
         overrides["agents"] = 1
@@ -145,8 +179,8 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
     profile = CpuProfile.for_spark(spark).start()
     fit = Trainer(model_fn, loss_fn, optimizer_fn, settings, spark=spark).fit(data)
     cpu = profile.stop(int(a["pid"]) for a in fit.agents if a.get("pid"))
-    os.makedirs(os.path.join(out, label.replace(":", "-")), exist_ok=True)
-    fit.history.to_csv(os.path.join(out, label.replace(":", "-"), "history.csv"), index=False)
+    os.makedirs(os.path.join(out, _dirname(label)), exist_ok=True)
+    fit.history.to_csv(os.path.join(out, _dirname(label), "history.csv"), index=False)
     return {"label": label, "algorithm": algorithm, "agents": settings.training.agents, "history": fit.history,
             "time_to": {t: time_to(fit.history, t) for t in targets}, "final_error": fit.final.error,
             "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": _traffic(fit), "duty_cycle": _duty(fit),
@@ -175,6 +209,28 @@ def _warm_up(spark, cfg, data, out: str) -> None:
     Trainer(*job.training_functions(cfg), settings, spark=spark).fit(data)
 
 
+def tune(spark, cfg, data, label: str, targets: List[float], max_seconds: float, out: str, straggler,
+         ratio: float) -> tuple:
+    """Run every setting of ``label``'s grid (:mod:`mpca.bench.tuning`) once; return the best setting's
+    algorithm config, its name, and what each setting gave (for compare.json).  A setting whose emulated
+    devices did not hold ranks after every one that did."""
+    from mpca.bench.tuning import best, grid
+
+    points = grid(label, ratio, cfg.training.agents)
+    if len(points) == 1:
+        return points[0][1], None, []
+    tried = []
+    for setting, algo in points:
+        r = run_one(spark, cfg, data, f"{label}[{setting}]", algo, targets, max_seconds, out, straggler)
+        tried.append({"setting": setting, "algorithm": algo, "time_to": r["time_to"],
+                      "final_error": r["final_error"], "holds": r["emulation"]["holds"] is not False})
+    i = best([(p["time_to"], p["final_error"], p["holds"]) for p in tried])
+    for p in tried:
+        p["time_to"] = {str(t): v for t, v in p["time_to"].items()}  # as in the rest of compare.json
+    print(f"--- {label}: best of {len(tried)} settings is {tried[i]['setting']}", flush=True)
+    return tried[i]["algorithm"], tried[i]["setting"], tried
+
+
 def table(results: Dict[str, dict], targets: List[float]) -> "object":
     """One row per algorithm: median time to each target, and its ratio to ``single`` and to ``mpca``; with
     emulated devices, whether the emulation held in every repeat."""
@@ -185,12 +241,19 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
     rows = []
     for label, r in results.items():
         row = {"algorithm": label}
+        if any(x.get("setting") for x in results.values()):
+            row["setting"] = r.get("setting") or ""
         for t in targets:
             v = r["time_to"][t]
             row[f"t({100 * t:g}%) s"] = v
+            if r.get("repeats", 1) > 1:
+                lo, hi = r["time_range"][t]
+                row[f"t({100 * t:g}%) min-max"] = "" if math.isnan(lo) else f"{lo:.3g}-{hi:.3g}"
             for ref in ("single", "mpca"):
                 base = results.get(ref, {}).get("time_to", {}).get(t, math.nan)
                 row[f"t({100 * t:g}%)/{ref}"] = v / base if base and not math.isnan(base) else math.nan
+        if any(x.get("spread") for x in results.values()):
+            row["repeats differ"] = "; ".join(r.get("spread") or [])  # > 2x, or a target missed by some
         if r.get("emulation") and verdict(r["emulation"]):
             row["emulated devices"] = verdict(r["emulation"])  # INVALID: not a result (agents behind T, CPU full)
         row.update({"final error %": 100 * r["final_error"], "MB moved": r["bytes"] / 1e6,
@@ -203,7 +266,11 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
 
 
 def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: float, repeats: int, out: str,
-            network: str, straggler=None, variants: Optional[Dict[str, dict]] = None) -> dict:
+            network: str, straggler=None, variants: Optional[Dict[str, dict]] = None,
+            regime=None, tune_grid: bool = False) -> dict:
+    """Every label's runs, the table, compare.json and the plot.  With ``regime``
+    (:class:`mpca.bench.regimes.Regime`) and ``tune_grid``, each algorithm first runs its grid of settings
+    for the regime's ratio once each (:func:`tune`), and its ``repeats`` runs use the best one, afresh."""
     from mpca import job
     from mpca.bench.cpu_profile import describe
     from mpca.report import plot_curves, write_json
@@ -214,10 +281,16 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     results: Dict[str, dict] = {}
     for label in labels:
         algo = (variants or {}).get(label) or ABLATIONS.get(label) or {"name": label}
+        setting, tried = None, []
+        if tune_grid and regime is not None and label not in (variants or {}) and label not in ABLATIONS:
+            algo, setting, tried = tune(spark, cfg, data, label, targets, max_seconds, out, straggler, regime.ratio)
         runs = [run_one(spark, cfg, data, label if repeats == 1 else f"{label}:r{i}", algo, targets, max_seconds,
                         out, straggler) for i in range(repeats)]
         first = runs[0]
-        results[label] = {**first, "time_to": {t: _median([r["time_to"][t] for r in runs]) for t in targets},
+        ranges, flags = spread([r["time_to"] for r in runs], targets)
+        results[label] = {**first, "algorithm": algo, "setting": setting, "grid": tried, "time_range": ranges,
+                          "spread": flags,
+                          "time_to": {t: _median([r["time_to"][t] for r in runs]) for t in targets},
                           "final_error": statistics.median(r["final_error"] for r in runs),
                           "bytes": statistics.median(r["bytes"] for r in runs),
                           "duty_cycle": statistics.median(r["duty_cycle"] for r in runs), "repeats": len(runs),
@@ -228,13 +301,19 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     tab.to_csv(os.path.join(out, "compare.csv"), index=False)
     mpca = results.get("mpca", {})
     summary = {
-        "network": network, "straggler": list(straggler) if straggler else None, "targets": targets, "max_seconds": max_seconds, "repeats": repeats,
+        "network": network, "straggler": list(straggler) if straggler else None, "targets": targets,
+        "max_seconds": max_seconds, "repeats": repeats, "agents": cfg.training.agents,
+        "device_step_s": cfg.training.device_step_s,
+        "regime": None if regime is None else {"name": regime.name, "link": regime.link, "ratio": regime.ratio,
+                                               "device_step_s": regime.device_step_s, "paper": regime.paper},
         "model": cfg.model.name, "model_args": cfg.model.args, "data": cfg.data.dataset or cfg.data.path,
         "comm_comp_ratio": mpca.get("comm_comp"), "cycle_overlap": mpca.get("overlap"),
         "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
                                                   "duty_cycle", "repeats", "figures", "samples_per_s", "cpu",
-                                                  "emulation")}
-                       | {"time_to": {str(t): r["time_to"][t] for t in targets}} for label, r in results.items()},
+                                                  "emulation", "setting", "grid", "spread")}
+                       | {"time_to": {str(t): r["time_to"][t] for t in targets},
+                          "time_range": {str(t): list(r["time_range"][t]) for t in targets}}
+                       for label, r in results.items()},
     }
     write_json(os.path.join(out, "compare.json"), summary)
     plot_curves({label: r["history"] for label, r in results.items()}, os.path.join(out, "compare.png"),
@@ -242,8 +321,16 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 40, "display.float_format", "{:.3g}".format):
-        print(f"\nnetwork: {network} | model {cfg.model.name} | comm/comp of one model exchange: "
-              f"{summary['comm_comp_ratio'] if summary['comm_comp_ratio'] is None else round(summary['comm_comp_ratio'], 2)}"
+        ratio = summary["comm_comp_ratio"]
+        nominal = ""
+        if regime is not None:
+            from mpca.bench.regimes import off_by
+
+            nominal = f" (regime {regime.name}: ≈ {regime.ratio:g}" + (
+                f"; measured {off_by(ratio, regime.ratio):.1f}x off it: this cluster is not that regime)"
+                if off_by(ratio, regime.ratio) > 2 else ")")
+        print(f"\nnetwork: {network} | model {cfg.model.name} | {cfg.training.agents} agents | comm/comp of one "
+              f"model exchange: {ratio if ratio is None else round(ratio, 2)}{nominal}"
               f" | cycle overlap {summary['cycle_overlap']}")
         print(tab.to_string(index=False))
     print("\nCPU by role (cores used; agents = training processes, python workers = exchange tasks):")
@@ -289,10 +376,20 @@ def main(argv=None) -> int:
     ap.add_argument("-c", "--config", action="append", default=[], help=f"job YAML (default {DEFAULT_CONFIG})")
     ap.add_argument("--algorithms", default="mpca,sync,easgd,diloco,ddp,single")
     ap.add_argument("--ablations", action="store_true", help="add mpca:gamma0, mpca:uniform, mpca:S1, mpca:S2")
-    ap.add_argument("--targets", default="0.3,0.2,0.1", help="holdout errors, comma-separated")
+    ap.add_argument("--targets", default="0.3,0.26,0.24", help="holdout errors, comma-separated (the defaults suit "
+                    "the default teacher task)")
     ap.add_argument("--max-seconds", type=float, default=120.0, help="per algorithm and repeat")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--network", choices=["none", "1gbit", "100mbit"], default="none")
+    ap.add_argument("--network", default="none", help="emulated link of every host: none, 1gbit, 100mbit, "
+                    "or a rate like 30mbit (default none; a --regime sets it)")
+    ap.add_argument("--regime", choices=sorted(REGIMES), help="the paper's Table 1 ratio of one model exchange "
+                    "to one step: " + "; ".join(r.describe() for r in REGIMES.values()) + " (sets --network and "
+                    "--device-step; implies --tune)")
+    ap.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
+                    help="run each algorithm's grid of settings for the regime once, then its repeats at the "
+                         "best one (mpca.bench.tuning; default: on with --regime)")
+    ap.add_argument("--agents", metavar="K,K,...", help="one comparison per number of agents, e.g. 1,2,4,8, "
+                    "each in its own cluster and --out/K<k>, then the table over K (sweep.csv)")
     ap.add_argument("--out", default="runs/compare")
     ap.add_argument("--straggler", metavar="AGENT:SPEED", help="slow one agent, e.g. 1:0.5 (Fig. 10c: compare "
                     "--algorithms mpca,mpca:uniform,mpca:uncontested)")
@@ -304,15 +401,46 @@ def main(argv=None) -> int:
                          "are marked INVALID")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the job config")
     args = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from mpca.errors import UserError
+
+    if args.agents:
+        from mpca.bench.sweep import run_sweep
+
+        try:
+            ks = [int(k) for k in args.agents.split(",") if k.strip()]
+        except ValueError:
+            raise UserError(f"--agents takes numbers like 1,2,4,8, got {args.agents!r}") from None
+        if not ks or min(ks) < 1:
+            raise UserError(f"--agents takes numbers >= 1, got {args.agents!r}")
+        return run_sweep(main, argv, ks, args.out)
+    regime = None
+    if args.regime:
+        from mpca.bench.regimes import regime as named
+
+        regime = named(args.regime)
+        for flag, given, wanted in (("--network", args.network, regime.link),
+                                    ("--device-step", args.device_step, regime.device_step_s)):
+            if given not in (None, "none", wanted):
+                raise UserError(f"--regime {regime.name} sets {flag} {wanted}; drop {flag} {given} or the regime")
+        args.network, args.device_step = regime.link, regime.device_step_s
+    tune_grid = bool(regime) if args.tune is None else args.tune
+    if tune_grid and regime is None:
+        raise UserError("--tune needs a --regime (its grid is built from the regime's communication/computation "
+                        "ratio)")
+    if args.network != "none":
+        from mpca.bench.netcluster import NetClusterError, rate_bits
+
+        try:
+            rate_bits(args.network)
+        except NetClusterError as e:
+            raise UserError(f"--network: {e}") from None
     if args.device_step is not None:
         if not args.device_step > 0:
-            from mpca.errors import UserError
-
             raise UserError(f"--device-step must be > 0 seconds, got {args.device_step}")
         args.overrides.append(f"training.device_step_s={args.device_step}")
     from mpca.algorithm import algorithm_names
     from mpca.config import load_config
-    from mpca.errors import UserError
 
     labels = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     try:
@@ -346,7 +474,7 @@ def main(argv=None) -> int:
             try:
                 with netcluster.handle_signals(), \
                         netcluster.NetCluster(workers=cfg.training.agents, link=args.network) as nc:
-                    return nc.run_in_driver([sys.executable, "-m", "mpca.bench.compare", *(argv or sys.argv[1:])])
+                    return nc.run_in_driver([sys.executable, "-m", "mpca.bench.compare", *argv])
             except (netcluster.Stopped, KeyboardInterrupt) as e:
                 signum = getattr(e, "signum", signal.SIGINT)
                 print(f"mpca bench compare: stopped by {signal.Signals(signum).name}; emulated cluster torn down",
@@ -355,7 +483,8 @@ def main(argv=None) -> int:
         print(f"mpca bench compare: {why}; falling back to local-cluster (results labelled as such)", file=sys.stderr)
     spark, network = _session(cfg, args.network)
     try:
-        compare(spark, cfg, labels, targets, args.max_seconds, args.repeats, args.out, network, straggler, variants)
+        compare(spark, cfg, labels, targets, args.max_seconds, args.repeats, args.out, network, straggler, variants,
+                regime, tune_grid)
     finally:
         spark.stop()
     return 0

@@ -64,3 +64,24 @@ def test_an_emulation_the_machine_cannot_hold_is_marked_not_reported(spark, tmp_
     assert row["emulated devices"].startswith("INVALID: agents fell behind T"), row
     (check,) = json.loads((tmp_path / "compare.json").read_text())["algorithms"]["mpca"]["emulation"]
     assert check["holds"] is False and check["late_fraction"] > 0.5 and check["real_step_s"] > 0.0001
+
+
+def test_a_regime_tunes_each_algorithm_on_its_grid_then_repeats_the_best(spark, tmp_path):
+    """Each setting of sync's grid runs once (a ratio of 0.2 gives H = 1 and 2), the best one is then run
+    twice afresh; the grid, the choice and the repeats' min–max reach compare.json and the table."""
+    from mpca.bench.regimes import Regime
+
+    cfg = load_config(["conf/digits.yaml"], ["progress=off"])
+    compare(spark, cfg, ["sync"], [0.5], 5.0, 2, str(tmp_path), "none (test)",
+            regime=Regime("test", "none", 0.01, 0.2, "a test"), tune_grid=True)
+    js = json.loads((tmp_path / "compare.json").read_text())
+    sync = js["algorithms"]["sync"]
+    assert [p["setting"] for p in sync["grid"]] == ["every=1", "every=2"] and js["regime"]["ratio"] == 0.2
+    chosen = next(p for p in sync["grid"] if p["setting"] == sync["setting"])
+    assert sync["algorithm"] == chosen["algorithm"] and sync["repeats"] == 2
+    assert all((tmp_path / d / "history.csv").exists() for d in ("sync-every=1", "sync-every=2", "sync-r0",
+                                                                 "sync-r1"))
+    lo, hi = sync["time_range"]["0.5"]
+    assert lo <= sync["time_to"]["0.5"] <= hi
+    row = pd.read_csv(tmp_path / "compare.csv").set_index("algorithm").loc["sync"]
+    assert row["setting"] == sync["setting"] and row["t(50%) min-max"] == f"{lo:.3g}-{hi:.3g}"

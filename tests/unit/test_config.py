@@ -146,6 +146,10 @@ def _bad_inputs(tmp):
         (["bench", "compare", "--algorithms", "mpca,adam"], "unknown 'adam'"),
         (["bench", "compare", "--targets", "0.1,x"], "--targets"),
         (["bench", "compare", "--straggler", "fast"], "--straggler takes AGENT:SPEED"),
+        (["bench", "compare", "--regime", "vgga-gbe", "--network", "100mbit"], "sets --network 30mbit"),
+        (["bench", "compare", "--tune"], "--tune needs a --regime"),
+        (["bench", "compare", "--agents", "0,2"], "--agents takes numbers >= 1"),
+        (["bench", "compare", "--network", "fast"], "--network: bad link rate 'fast'"),
         # data and training functions, checked with pyarrow and one batch on the driver, before Spark
         (_on_data(tmp, "empty"), "no rows"),
         (_on_data(tmp, "nofeatures", features=None), "column 'features' not in the data"),
@@ -160,7 +164,7 @@ def _bad_inputs(tmp):
     ]
 
 
-CASES = len(MISTAKES) + 27  # with the cases below MISTAKES in _bad_inputs; the test checks the total
+CASES = len(MISTAKES) + 31  # with the cases below MISTAKES in _bad_inputs; the test checks the total
 
 
 @pytest.mark.parametrize("case", range(CASES))

@@ -1,0 +1,91 @@
+"""The benchmark's fair-baseline grid, its choice of the best setting, the repeats' spread, the named regimes
+and the sweep over K: rules checked against hand-computed values (no process started)."""
+import json
+import math
+
+import pytest
+
+from mpca.bench.compare import spread
+from mpca.bench.regimes import REGIMES, off_by, regime
+from mpca.bench.sweep import per_k_argv, sweep_table
+from mpca.bench.tuning import best, grid, periods
+
+NAN = math.nan
+
+
+def test_periods_follow_the_one_to_five_rule_and_its_neighbours():
+    assert periods(12) == [30, 60, 120]  # H = 5 r, H / 2, 2 H
+    assert periods(100) == [250, 500, 1000]
+    assert periods(0.1) == [1, 2]  # never below one step
+
+
+def test_each_algorithm_gets_its_grid_and_the_others_their_defaults():
+    assert [s for s, _ in grid("sync", 12, 4)] == ["every=30", "every=60", "every=120"]
+    assert grid("sync", 12, 4)[1][1] == {"name": "sync", "every": 60}
+    assert [a["every"] for _, a in grid("easgd", 12, 4)] == [30, 48, 60, 120]  # + the paper's bound K r
+    diloco = [a for _, a in grid("diloco", 12, 4)]
+    assert [a["every"] for a in diloco] == [30, 60, 120, 60, 60]
+    assert [a.get("outer_lr") for a in diloco] == [None, None, None, 0.5, 1.0]
+    assert [a["alpha"]["target"] for _, a in grid("mpca", 12, 4)] == [0.025, 0.05, 0.1]
+    assert grid("ddp", 12, 4) == [("defaults", {"name": "ddp"})] and len(grid("single", 100, 8)) == 1
+
+
+def test_every_grid_point_is_a_valid_algorithm():
+    from mpca.algorithm import build_algorithm
+
+    for name in ("sync", "easgd", "diloco", "mpca"):
+        for r in REGIMES.values():
+            for _, algo in grid(name, r.ratio, 4):
+                build_algorithm(algo)
+
+
+def test_the_best_setting_reaches_more_targets_then_sooner_then_lower():
+    a = ({0.3: 10.0, 0.2: NAN}, 0.25, True)
+    b = ({0.3: 20.0, 0.2: 50.0}, 0.19, True)  # reaches both: best though slower to 30%
+    c = ({0.3: 15.0, 0.2: 40.0}, 0.19, False)  # faster, but its emulation did not hold
+    d = ({0.3: 20.0, 0.2: 50.0}, 0.18, True)  # as b, lower final error
+    assert best([a, b]) == 1 and best([a, b, c]) == 1 and best([a, b, c, d]) == 3
+    assert best([({0.3: NAN}, 0.5, True), ({0.3: NAN}, 0.4, True)]) == 1  # none reached: lower error
+    assert best([a, a]) == 0  # a tie: the first
+
+
+def test_repeats_more_than_twice_apart_or_missed_by_some_are_flagged():
+    ranges, flags = spread([{0.3: 1.0, 0.2: 4.0, 0.1: NAN}, {0.3: 2.0, 0.2: NAN, 0.1: NAN},
+                            {0.3: 3.0, 0.2: 5.0, 0.1: NAN}], [0.3, 0.2, 0.1])
+    assert ranges[0.3] == (1.0, 3.0) and ranges[0.2] == (4.0, 5.0) and all(map(math.isnan, ranges[0.1]))
+    assert flags == ["30%: 3.0x between repeats", "20%: reached in 2 of 3 repeats"]
+    assert spread([{0.3: 2.0}, {0.3: 4.0}], [0.3])[1] == []  # exactly 2x: not flagged
+
+
+def test_regimes_name_the_paper_s_ratios_and_a_measured_ratio_is_compared_with_them():
+    assert {r.ratio for r in REGIMES.values()} == {12.0, 100.0}
+    assert regime("resnet110-gbe").link == "100mbit"
+    with pytest.raises(ValueError, match="unknown regime 'x'; choose from"):
+        regime("x")
+    assert off_by(24, 12) == 2.0 and off_by(6, 12) == 2.0 and off_by(None, 12) == math.inf
+
+
+def test_each_k_runs_the_same_command_with_its_own_agents_cluster_and_output():
+    argv = ["--agents", "1,4", "--regime", "resnet110-gbe", "--out=runs/x", "stop.max_seconds=9",
+            "cluster.master=local-cluster[2,3,1536]", "training.agents=2"]
+    assert per_k_argv(argv, 4, "runs/x") == [
+        "--regime", "resnet110-gbe", "stop.max_seconds=9", "--out", "runs/x/K4", "training.agents=4",
+        "cluster.master=local-cluster[4,3,1536]"]
+    assert per_k_argv(["--agents=8"], 8, "o")[-1] == "cluster.master=local-cluster[8,2,1024]"
+
+
+def test_the_table_over_k_reads_each_k_s_compare_json(tmp_path):
+    for k, t_mpca, t_sync in ((2, 10.0, 15.0), (4, 8.0, None)):
+        (tmp_path / f"K{k}").mkdir()
+        js = {"targets": [0.3], "comm_comp_ratio": 12.5, "algorithms": {
+            "mpca": {"time_to": {"0.3": t_mpca}, "time_range": {"0.3": [t_mpca - 1, t_mpca + 1]},
+                     "emulation": [{"holds": True}], "spread": [], "setting": "alpha.target=0.05"},
+            "sync": {"time_to": {"0.3": t_sync}, "time_range": {"0.3": [None, None]},
+                     "emulation": [{"holds": True}, {"holds": False}], "spread": ["30%: reached in 1 of 3 repeats"]}}}
+        (tmp_path / f"K{k}" / "compare.json").write_text(json.dumps(js))
+    tab = sweep_table(str(tmp_path), [1, 2, 4]).set_index(["K", "algorithm"])  # K = 1 never ran: no rows
+    assert list(tab.index) == [(2, "mpca"), (2, "sync"), (4, "mpca"), (4, "sync")]
+    assert tab.loc[(2, "sync"), "t(30%)/mpca"] == 1.5 and math.isnan(tab.loc[(4, "sync"), "t(30%) s"])
+    assert tab.loc[(2, "mpca"), "t(30%) min-max"] == "9-11" and tab.loc[(2, "mpca"), "setting"] == "alpha.target=0.05"
+    assert tab.loc[(2, "sync"), "emulated devices"] == "INVALID" and tab.loc[(4, "mpca"), "emulated devices"] == "ok"
+    assert tab.loc[(4, "sync"), "repeats differ"] == "30%: reached in 1 of 3 repeats"
