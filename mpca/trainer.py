@@ -38,6 +38,7 @@ class FitResult:
     final: Optional[EvalResult] = None
     extra: Dict[str, object] = field(default_factory=dict)
     agents_up_s: Optional[float] = None  # wall time (same clock as the history) when every agent had answered
+    first_exchange_s: Optional[float] = None  # when the first cycle had handed agents a shard of the joint model
 
 
 class Trainer:
@@ -186,7 +187,7 @@ class Trainer:
         progress = Progress(st.progress, st.stop.target_error)
         evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, hx, hy, self.loss_fn, calibration)
         saver = BackgroundSaver(st.checkpoint.dir, st.checkpoint.keep)
-        cycles_done, stop_reason, winner, agents_up_s = first_cycle, None, None, None
+        cycles_done, stop_reason, winner, agents_up_s, first_exchange_s = first_cycle, None, None, None, None
         try:
             if first_cycle == 0:  # the starting point of the curve: the initial model, before any agent starts
                 evaluator.submit(run.joint_vectors(), -1, time.time() - t0, {}, 0.0, run.rule.metrics)
@@ -199,6 +200,8 @@ class Trainer:
                 while stop_reason is None:
                     rec = run.cycle(c)
                     cycles_done = c + 1
+                    if first_exchange_s is None and rec.bcast_shard is not None and rec.delivered:
+                        first_exchange_s = time.time() - t0  # the pipeline's first useful exchange
                     reports = run.pipeline.last_agent_reports
                     samples = sum(int(r.samples or 0) for r in reports.values())
                     epochs = samples / rows if rows else 0.0
@@ -233,7 +236,7 @@ class Trainer:
             progress.close()
         result = self._finish(run, model, specs, saver, history, winner, first_cycle, cycles_done, stop_reason, t0,
                               hx, hy, calibration)
-        result.agents_up_s = agents_up_s
+        result.agents_up_s, result.first_exchange_s = agents_up_s, first_exchange_s
         if hasattr(self.on_cycle, "finish"):
             self.on_cycle.finish(result)
         return result

@@ -112,6 +112,10 @@ def spread(times: List[Dict[float, float]], targets: List[float]) -> tuple:
     return ranges, flags
 
 
+def _nan(v: Optional[float]) -> float:
+    return math.nan if v is None else float(v)
+
+
 def _median(values: List[float]) -> float:
     vals = [v for v in values if not math.isnan(v)]
     return statistics.median(vals) if len(vals) == len(values) and vals else math.nan
@@ -186,7 +190,8 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
             "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": _traffic(fit), "duty_cycle": _duty(fit),
             "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None, "figures": figures(fit.history),
             "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None,
-            "samples_per_s": _samples_per_s(fit), "cpu": cpu,
+            "samples_per_s": _samples_per_s(fit), "cpu": cpu, "agents_up_s": fit.agents_up_s,
+            "first_exchange_s": fit.first_exchange_s,
             "emulation": device_check(fit.agents, cpu, settings.training.device_step_s)}
 
 
@@ -214,17 +219,27 @@ def tune(spark, cfg, data, label: str, targets: List[float], max_seconds: float,
     """Run every setting of ``label``'s grid (:mod:`mpca.bench.tuning`) once; return the best setting's
     algorithm config, its name, and what each setting gave (for compare.json).  A setting whose emulated
     devices did not hold ranks after every one that did."""
-    from mpca.bench.tuning import best, grid
+    from mpca.bench.tuning import EXTEND, best, beyond, grid
 
     points = grid(label, ratio, cfg.training.agents)
     if len(points) == 1:
         return points[0][1], None, []
     tried = []
-    for setting, algo in points:
+
+    def attempt(setting, algo):
         r = run_one(spark, cfg, data, f"{label}[{setting}]", algo, targets, max_seconds, out, straggler)
         tried.append({"setting": setting, "algorithm": algo, "time_to": r["time_to"],
                       "final_error": r["final_error"], "holds": r["emulation"]["holds"] is not False})
-    i = best([(p["time_to"], p["final_error"], p["holds"]) for p in tried])
+        return best([(p["time_to"], p["final_error"], p["holds"]) for p in tried])
+
+    for setting, algo in points:
+        i = attempt(setting, algo)
+    for _ in range(EXTEND):  # the best on the grid's edge: one step past it, so no optimum is cut off
+        nxt = beyond(label, tried, i)
+        if nxt is None:
+            break
+        print(f"--- {label}: best so far {tried[i]['setting']} is on the grid's edge; trying {nxt[0]}", flush=True)
+        i = attempt(*nxt)
     for p in tried:
         p["time_to"] = {str(t): v for t, v in p["time_to"].items()}  # as in the rest of compare.json
     print(f"--- {label}: best of {len(tried)} settings is {tried[i]['setting']}", flush=True)
@@ -257,7 +272,8 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
         if r.get("emulation") and verdict(r["emulation"]):
             row["emulated devices"] = verdict(r["emulation"])  # INVALID: not a result (agents behind T, CPU full)
         row.update({"final error %": 100 * r["final_error"], "MB moved": r["bytes"] / 1e6,
-                    "duty cycle": r["duty_cycle"], "samples/s": r.get("samples_per_s", math.nan),
+                    "duty cycle": r["duty_cycle"], "start-up s": _nan(r.get("agents_up_s")),
+                    "first exchange s": _nan(r.get("first_exchange_s")), "samples/s": r.get("samples_per_s", math.nan),
                     "agents' cores": r.get("cpu", {}).get("agents", math.nan)})
         row.update({k.replace("_", " "): r.get("figures", {}).get(k, math.nan)
                     for k in FIGURES if any(k in x.get("figures", {}) for x in results.values())})
@@ -295,6 +311,8 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                           "bytes": statistics.median(r["bytes"] for r in runs),
                           "duty_cycle": statistics.median(r["duty_cycle"] for r in runs), "repeats": len(runs),
                           "samples_per_s": _median([r["samples_per_s"] for r in runs]),
+                          "agents_up_s": _median([_nan(r["agents_up_s"]) for r in runs]),
+                          "first_exchange_s": _median([_nan(r["first_exchange_s"]) for r in runs]),
                           "cpu": {k: statistics.median(r["cpu"][k] for r in runs) for k in first["cpu"]},
                           "emulation": [r["emulation"] for r in runs]}
     tab = table(results, targets)
@@ -310,7 +328,8 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
         "comm_comp_ratio": mpca.get("comm_comp"), "cycle_overlap": mpca.get("overlap"),
         "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
                                                   "duty_cycle", "repeats", "figures", "samples_per_s", "cpu",
-                                                  "emulation", "setting", "grid", "spread")}
+                                                  "emulation", "setting", "grid", "spread", "agents_up_s",
+                                                  "first_exchange_s")}
                        | {"time_to": {str(t): r["time_to"][t] for t in targets},
                           "time_range": {str(t): list(r["time_range"][t]) for t in targets}}
                        for label, r in results.items()},

@@ -10,7 +10,10 @@ periodic method (sync's H, EASGD's τ, DiLoCo's H); EASGD also gets the paper's 
 0.5 and 1.0 beside its paper's 0.7, and MPCA its long-run elastic coefficient α at half and twice the
 default.  Algorithms without a period (DDP, one agent)
 run once as they are.  A setting is better when it reaches more targets, then sooner the tightest one it
-reached, then with the lower final error: no baseline is ever tuned down.
+reached, then with the lower final error: no baseline is ever tuned down.  When the best setting lies on
+the grid's edge along its main axis (the period; MPCA's α), :func:`beyond` offers the next point past it
+(half the smallest period or twice the largest; half or twice α), up to :data:`EXTEND` times, so that no
+algorithm's optimum is cut off by the grid.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import math
 from typing import Dict, List, Sequence, Tuple
 
 PERIODIC = {"sync": "every", "easgd": "every", "diloco": "every"}  # the period's field in each algorithm
+EXTEND = 2  # points past the grid's edge at most, per algorithm
 
 
 def periods(ratio: float) -> List[int]:
@@ -61,3 +65,32 @@ def best(results: Sequence[Tuple[Dict[float, float], float, bool]]) -> int:
     """Index of the best of ``(time_to, final_error, emulation held)`` results (the first on a tie)."""
     keys = [rank_key(*r) for r in results]
     return min(range(len(keys)), key=lambda i: keys[i])
+
+
+def _axis(name: str, algo: dict):
+    """The value of ``algo`` on its algorithm's main axis, or None for a point off it (DiLoCo's outer-lr
+    variants)."""
+    if name in PERIODIC:
+        return None if "outer_lr" in algo else algo[PERIODIC[name]]
+    if name == "mpca":
+        return algo["alpha"]["target"]
+    return None
+
+
+def beyond(name: str, tried: Sequence[dict], best_index: int):
+    """The next setting past the grid's edge when the best of ``tried`` (dicts with ``algorithm``) lies on
+    it along the main axis, else None: (label, algorithm config)."""
+    values = [v for v in (_axis(name, p["algorithm"]) for p in tried) if v is not None]
+    value = _axis(name, tried[best_index]["algorithm"])
+    if value is None or len(values) < 2 or min(values) < value < max(values):
+        return None
+    if name in PERIODIC:
+        h = max(1, round(value / 2)) if value == min(values) else 2 * value
+        if h in values:
+            return None  # already at one step
+        field = PERIODIC[name]
+        return f"{field}={h}", {**tried[best_index]["algorithm"], field: h}
+    a = value / 2 if value == min(values) else min(1.0, 2 * value)
+    if a in values:
+        return None
+    return f"alpha.target={a:g}", {"name": "mpca", "alpha": {"target": a}}

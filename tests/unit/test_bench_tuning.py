@@ -89,3 +89,20 @@ def test_the_table_over_k_reads_each_k_s_compare_json(tmp_path):
     assert tab.loc[(2, "mpca"), "t(30%) min-max"] == "9-11" and tab.loc[(2, "mpca"), "setting"] == "alpha.target=0.05"
     assert tab.loc[(2, "sync"), "emulated devices"] == "INVALID" and tab.loc[(4, "mpca"), "emulated devices"] == "ok"
     assert tab.loc[(4, "sync"), "repeats differ"] == "30%: reached in 1 of 3 repeats"
+
+
+def test_a_best_setting_on_the_grid_s_edge_gets_the_next_point_past_it():
+    from mpca.bench.tuning import beyond
+
+    sync = [{"algorithm": a} for _, a in grid("sync", 12, 4)]  # every = 30, 60, 120
+    assert beyond("sync", sync, 0) == ("every=15", {"name": "sync", "every": 15})
+    assert beyond("sync", sync, 2) == ("every=240", {"name": "sync", "every": 240})
+    assert beyond("sync", sync, 1) is None  # inside the grid: nothing to extend
+    diloco = [{"algorithm": a} for _, a in grid("diloco", 12, 4)]
+    assert beyond("diloco", diloco, 0) == ("every=15", {"name": "diloco", "every": 15})
+    assert beyond("diloco", diloco, 3) is None  # an outer-lr variant: off the main axis
+    mpca = [{"algorithm": a} for _, a in grid("mpca", 12, 4)]  # alpha.target = 0.025, 0.05, 0.1
+    assert beyond("mpca", mpca, 2) == ("alpha.target=0.2", {"name": "mpca", "alpha": {"target": 0.2}})
+    assert beyond("mpca", mpca, 0)[0] == "alpha.target=0.0125"
+    assert beyond("sync", [{"algorithm": {"name": "sync", "every": h}} for h in (1, 2)], 0) is None  # H >= 1
+    assert beyond("ddp", [{"algorithm": {"name": "ddp"}}], 0) is None
