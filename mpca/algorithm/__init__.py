@@ -11,6 +11,7 @@ from mpca.algorithm.registry import register
 from mpca.algorithm.rules import (
     WeightedSum,
     blend,
+    compensated_pull_,
     easgd_exchange_,
     elastic_pull_,
     extrapolate,
@@ -32,7 +33,7 @@ from mpca.algorithm import hermans as _hermans, rudra as _rudra, weaksync as _we
 __all__ = [
     "AgentContext", "AgentRule", "Algorithm", "AlphaSchedule", "BetaSchedule", "BoundShards", "DriverRule",
     "GammaSchedule", "JointShard", "MPCAHyper", "Segment", "ShardLayout", "TensorSpec", "WeightedSum",
-    "algorithm_names", "blend", "build_algorithm", "easgd_exchange_", "elastic_pull_", "exchanged_tensors",
-    "extrapolate", "finish_reduction", "model_average", "nesterov_outer_step", "reduction_weights", "register",
-    "tau_weighted_reduce", "trajectory",
+    "algorithm_names", "blend", "build_algorithm", "compensated_pull_", "easgd_exchange_", "elastic_pull_",
+    "exchanged_tensors", "extrapolate", "finish_reduction", "model_average", "nesterov_outer_step",
+    "reduction_weights", "register", "tau_weighted_reduce", "trajectory",
 ]

@@ -1,8 +1,11 @@
 """MPCA SGD (Langer et al. 2018): the elastic pull on the agents, Eqs. 9 → 8 → 4 → 5 on the driver.
 
-Agent (every step, §4.4): x_i ← x_i − α (x_i − x*) toward the latest projected joint shards (Eq. 7), fused
+Agent (every step, §4.4): x_i ← x_i − α (x_i − x̂*) toward the latest projected joint shards (Eq. 7), fused
 over all shards; per shard s it counts τ_s, the steps made since s was last yielded, which weighs its
-contribution in Eq. 9 (§4.6, measured, not configured).
+contribution in Eq. 9 (§4.6, measured, not configured).  The target x̂* is, by default, x* plus the agent's
+own steps since it contributed to the reduction behind x* (``pull: compensated``, mpca's deviation from the
+paper: the projection arrives two pipeline cycles after the contribution, and pulling toward x* itself would
+undo those cycles' progress); ``pull: elastic`` is the paper's x̂* = x*.
 
 Driver (per reduced shard, §4.5/§4.3): R = Σ τ_i x_i / Σ τ_i (Eq. 9), x̃_t = (1 − β) x̃_{t−1} + β R (Eq. 8),
 ṽ_t = δ ṽ_{t−1} + (1 − δ)(x̃_t − x̃_{t−1}) (Eq. 4), broadcast x* = x̃_t + γ ṽ_t (Eq. 5).  The runtime's
@@ -19,26 +22,42 @@ from pydantic import Field, model_validator
 from mpca.algorithm.base import AgentContext, AgentRule, Algorithm, DriverRule, Params
 from mpca.algorithm.joint import JointShard, MPCAHyper
 from mpca.algorithm.registry import register
-from mpca.algorithm.rules import WeightedSum, elastic_pull_, extrapolate
+from mpca.algorithm.rules import WeightedSum, compensated_pull_, elastic_pull_, extrapolate
 from mpca.algorithm.schedules import AlphaSchedule, BetaSchedule, GammaSchedule
 
 
-class MPCAAgent(AgentRule):
-    """Eq. 7 before every step, τ per shard (Eq. 9's weights)."""
+PULLS = ("compensated", "elastic")
 
-    def __init__(self, ctx: AgentContext, weighting: str = "tau"):
+
+class MPCAAgent(AgentRule):
+    """Eq. 7 before every step, τ per shard (Eq. 9's weights).
+
+    ``pull="elastic"``: the target is the delivered x* (the paper).  ``pull="compensated"``: per shard the
+    agent keeps what it contributed (y_i) until the projection built from it arrives, then pulls by the
+    residual r = y_i − x* (:func:`~mpca.algorithm.rules.compensated_pull_`); without a contribution behind
+    the delivery (the first one, a join, a second delivery of the same reduction) r = x_i − x* at receipt.
+    """
+
+    def __init__(self, ctx: AgentContext, weighting: str = "tau", pull: str = "compensated"):
         super().__init__(ctx)
+        if pull not in PULLS:
+            raise ValueError(f"pull must be one of {PULLS}, got {pull!r}")
         S = ctx.shards.layout.num_shards
         self.weighting = weighting
+        self.pull = pull
         self.tau = [0] * S
-        self.targets: List[Optional[List[torch.Tensor]]] = [None] * S
+        self.targets: List[Optional[List[torch.Tensor]]] = [None] * S  # per shard: x* (elastic) or r (compensated)
+        self.sent: List[Optional[torch.Tensor]] = [None] * S  # compensated: y_i, until its projection arrives
         self.alpha = 0.0
         self._views: List[torch.Tensor] = []
         self._targets: List[torch.Tensor] = []
 
     def before_step(self) -> None:
-        if self.alpha > 0 and self._views:
-            elastic_pull_(self._views, self._targets, self.alpha)  # Eq. 7, before the gradient
+        if self.alpha > 0 and self._views:  # Eq. 7, before the gradient
+            if self.pull == "elastic":
+                elastic_pull_(self._views, self._targets, self.alpha)
+            else:
+                compensated_pull_(self._views, self._targets, self.alpha)
 
     def after_step(self) -> None:
         for s in range(len(self.tau)):
@@ -46,14 +65,26 @@ class MPCAAgent(AgentRule):
 
     def on_reset(self) -> None:
         self.tau = [0] * len(self.tau)  # steps before the fault carry no weight
+        if self.pull == "compensated":  # the model is back on a joint model: no disagreement left to correct
+            self.targets = [None] * len(self.targets)
+            self.sent = [None] * len(self.sent)
+            self._rebuild()
 
     def contribution_lost(self, shard: int, extra) -> None:
         self.tau[shard] += int(extra.get("tau", 0))  # those steps weigh in the next contribution of the shard
 
     def receive(self, shard: int, pieces: List[torch.Tensor], params: Params) -> None:
-        self.targets[shard] = pieces
         self.alpha = float(params["alpha"])
-        # one fused pull over every shard that has a target (lists rebuilt here, not in the step loop)
+        if self.pull == "elastic":
+            self.targets[shard] = pieces
+        else:
+            sent, self.sent[shard] = self.sent[shard], None
+            held = self.ctx.shards.split(shard, sent) if sent is not None else self.ctx.shards.views(shard)
+            self.targets[shard] = torch._foreach_sub(held, pieces)  # r = y_i − x* (or x_i − x*)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """One fused pull over every shard that has a target (lists rebuilt on delivery, not in the step loop)."""
         have = [i for i, t in enumerate(self.targets) if t is not None]
         self._views = [v for i in have for v in self.ctx.shards.views(i)]
         self._targets = [t for i in have for t in self.targets[i]]
@@ -61,7 +92,10 @@ class MPCAAgent(AgentRule):
     def contribution(self, shard: int, params: Params):
         tau, self.tau[shard] = self.tau[shard], 0
         weight = float(tau) if self.weighting == "tau" else float(tau > 0)  # "uniform": Fig. 10c's ablation
-        return self.ctx.shards.read(shard), weight, {"tau": tau}
+        vec = self.ctx.shards.read(shard)
+        if self.pull == "compensated":
+            self.sent[shard] = vec  # read() made a copy; the runtime only reads it
+        return vec, weight, {"tau": tau}
 
 
 class MPCADriver(DriverRule):
@@ -107,6 +141,9 @@ class MPCA(Algorithm):
     shards: int = Field(3, ge=1, description="S: shards in flight (3 = stage, broadcast, reduce at once)")
     delta: float = Field(0.8, description="trajectory smoothing δ of Eq. 4, in [0, 1]")
     weighting: Literal["tau", "uniform"] = Field("tau", description="Eq. 9 weights: measured τ or 1 per agent")
+    pull: Literal["compensated", "elastic"] = Field(
+        "compensated", description="Eq. 7's target: x* plus the agent's own steps since its contribution "
+        "(compensated, default: a deviation from the paper) or x* itself (elastic, the paper)")
     alpha: AlphaSchedule = Field(default_factory=AlphaSchedule)
     beta: BetaSchedule = Field(default_factory=BetaSchedule)
     gamma: GammaSchedule = Field(default_factory=GammaSchedule)
@@ -124,7 +161,7 @@ class MPCA(Algorithm):
         return MPCAHyper(alpha=self.alpha, beta=self.beta, gamma=self.gamma, delta=self.delta)
 
     def agent_factory(self):
-        return functools.partial(MPCAAgent, weighting=self.weighting)
+        return functools.partial(MPCAAgent, weighting=self.weighting, pull=self.pull)
 
     def driver_rule(self, joint, agents):
         return MPCADriver(joint, agents, self.hyper())

@@ -5,8 +5,8 @@ refer to Langer et al., "Distributed Training of Deep Learning Models: A
 Taxonomic Perspective" / MPCA SGD (2018), seeds/mpca-sgd-langer-2018.txt.
 
 Driver side, per shard: reduce (Eq. 9) → blend (Eq. 8) → trajectory (Eq. 4)
-→ extrapolate (Eq. 5).  Agent side, every step: elastic pull (Eq. 7), then the
-optimizer step.
+→ extrapolate (Eq. 5).  Agent side, every step: elastic pull (Eq. 7, toward x* or
+toward the delay-compensated target), then the optimizer step.
 """
 from __future__ import annotations
 
@@ -115,6 +115,25 @@ def elastic_pull_(local: Sequence[torch.Tensor], target: Sequence[torch.Tensor],
     if alpha == 0.0 or not local:
         return
     torch._foreach_lerp_(list(local), list(target), alpha)
+
+
+@torch.no_grad()
+def compensated_pull_(local: Sequence[torch.Tensor], residual: Sequence[torch.Tensor], alpha: float) -> None:
+    """Eq. 7 toward a delay-compensated target, in place on both lists: x_i ← x_i − α r, then r ← (1 − α) r.
+
+    ``residual`` r holds x_i − x̂*, where the target x̂* = x* + (x_i − y_i) is the projected joint shard plus
+    the agent's own progress since it contributed y_i to the reduction that produced x*: at receipt
+    r = y_i − x*, the agent's disagreement with the others *when it contributed*.  Each pull is exactly
+    Eq. 7 (x_i − α (x_i − x̂*)); the gradient step then moves x_i and x̂* alike, so r only shrinks by the pull.
+    The pull corrects disagreement and never undoes the steps made while the exchange was in flight (the
+    plain target x* lags them by the pipeline's delay).  mpca's deviation from the paper: see ``MPCA.pull``.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    if alpha == 0.0 or not local:
+        return
+    torch._foreach_add_(list(local), list(residual), alpha=-alpha)
+    torch._foreach_mul_(list(residual), 1.0 - alpha)
 
 
 # --------------------------------------------------------------------------- baselines

@@ -8,7 +8,8 @@
 
 Runs the chosen algorithms one after another (and, with ``--ablations``, the paper's MPCA ablations:
 γ = 0 without extrapolation, Fig. 10a; unweighted instead of τ-weighted reduction, Fig. 10c; S = 1 and 2
-phases, §4.2; with ``--straggler 1:0.5`` agent 1 runs at half speed and ``mpca:uncontested`` is mpca
+phases, §4.2; Eq. 7 toward x* itself, the paper's pull, against the default delay-compensated target;
+with ``--straggler 1:0.5`` agent 1 runs at half speed and ``mpca:uncontested`` is mpca
 without it, Fig. 10c; ``--variant 'push:28=weaksync,c=3'`` adds an algorithm with its own settings under a
 label of your choice, e.g. the seeds' protocol studies) and writes to ``--out``: ``compare.csv`` (a table like the paper's Table 2: time to each
 target per algorithm, ratios to ``single`` and to ``mpca``), ``compare.json`` (per algorithm: time to each
@@ -44,6 +45,7 @@ ABLATIONS = {
     "mpca:uniform": {"name": "mpca", "weighting": "uniform"},  # unweighted reduction (Fig. 10c)
     "mpca:S1": {"name": "mpca", "shards": 1},  # one phase (Fig. 6)
     "mpca:S2": {"name": "mpca", "shards": 2},  # two phases (Fig. 7)
+    "mpca:elastic": {"name": "mpca", "pull": "elastic"},  # Eq. 7 toward x* itself (the paper; default: compensated)
     "mpca:uncontested": {"name": "mpca"},  # with --straggler: the same run without the straggler
 }
 FIGURES = {"mean_staleness": "median", "mean_d": "median", "dropped": "sum", "updates": "sum",
@@ -281,12 +283,22 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
     return pd.DataFrame(rows)
 
 
+def interleaved(labels: List[str], repeats: int) -> List[tuple]:
+    """The order of the measured runs, ``(label, repeat)``: first repeat of every label, then the second...
+    A long comparison shares one cluster, whose JVMs drift (here the algorithms measured 35-45 minutes into one
+    comparison started in 9.6-9.8 s, those measured first in 5.5 s, and DiLoCo measured early in another
+    in 5.3 s); round-robin repeats spread that drift over every algorithm instead of
+    charging it to the ones measured last."""
+    return [(label, i) for i in range(repeats) for label in labels]
+
+
 def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: float, repeats: int, out: str,
             network: str, straggler=None, variants: Optional[Dict[str, dict]] = None,
             regime=None, tune_grid: bool = False) -> dict:
     """Every label's runs, the table, compare.json and the plot.  With ``regime``
     (:class:`mpca.bench.regimes.Regime`) and ``tune_grid``, each algorithm first runs its grid of settings
-    for the regime's ratio once each (:func:`tune`), and its ``repeats`` runs use the best one, afresh."""
+    for the regime's ratio once each (:func:`tune`), and its ``repeats`` runs use the best one, afresh.  The
+    repeats run round-robin over the labels (:func:`interleaved`); compare.json keeps each run's order."""
     from mpca import job
     from mpca.bench.cpu_profile import describe
     from mpca.report import plot_curves, write_json
@@ -294,14 +306,22 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     os.makedirs(out, exist_ok=True)
     data = job._data(spark, cfg)  # one DataFrame for every run: the same rows, and read (or built) once
     _warm_up(spark, cfg, data, out)
-    results: Dict[str, dict] = {}
+    chosen: Dict[str, tuple] = {}
     for label in labels:
         algo = (variants or {}).get(label) or ABLATIONS.get(label) or {"name": label}
         setting, tried = None, []
         if tune_grid and regime is not None and label not in (variants or {}) and label not in ABLATIONS:
             algo, setting, tried = tune(spark, cfg, data, label, targets, max_seconds, out, straggler, regime.ratio)
-        runs = [run_one(spark, cfg, data, label if repeats == 1 else f"{label}:r{i}", algo, targets, max_seconds,
-                        out, straggler) for i in range(repeats)]
+        chosen[label] = (algo, setting, tried)
+    runs_of: Dict[str, List[dict]] = {label: [] for label in labels}
+    for seq, (label, i) in enumerate(interleaved(labels, repeats)):
+        run = run_one(spark, cfg, data, label if repeats == 1 else f"{label}:r{i}", chosen[label][0], targets,
+                      max_seconds, out, straggler)
+        runs_of[label].append({**run, "sequence": seq})
+    results: Dict[str, dict] = {}
+    for label in labels:
+        algo, setting, tried = chosen[label]
+        runs = runs_of[label]
         first = runs[0]
         ranges, flags = spread([r["time_to"] for r in runs], targets)
         results[label] = {**first, "algorithm": algo, "setting": setting, "grid": tried, "time_range": ranges,
@@ -314,7 +334,10 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                           "agents_up_s": _median([_nan(r["agents_up_s"]) for r in runs]),
                           "first_exchange_s": _median([_nan(r["first_exchange_s"]) for r in runs]),
                           "cpu": {k: statistics.median(r["cpu"][k] for r in runs) for k in first["cpu"]},
-                          "emulation": [r["emulation"] for r in runs]}
+                          "emulation": [r["emulation"] for r in runs],
+                          "runs": [{"sequence": r["sequence"], "agents_up_s": r["agents_up_s"],
+                                    "first_exchange_s": r["first_exchange_s"], "wall_s": r["wall_s"],
+                                    "time_to": {str(t): r["time_to"][t] for t in targets}} for r in runs]}
     tab = table(results, targets)
     tab.to_csv(os.path.join(out, "compare.csv"), index=False)
     mpca = results.get("mpca", {})
@@ -329,7 +352,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
         "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
                                                   "duty_cycle", "repeats", "figures", "samples_per_s", "cpu",
                                                   "emulation", "setting", "grid", "spread", "agents_up_s",
-                                                  "first_exchange_s")}
+                                                  "first_exchange_s", "runs")}
                        | {"time_to": {str(t): r["time_to"][t] for t in targets},
                           "time_range": {str(t): list(r["time_range"][t]) for t in targets}}
                        for label, r in results.items()},
@@ -394,7 +417,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mpca bench compare", description=__doc__.splitlines()[0])
     ap.add_argument("-c", "--config", action="append", default=[], help=f"job YAML (default {DEFAULT_CONFIG})")
     ap.add_argument("--algorithms", default="mpca,sync,easgd,diloco,ddp,single")
-    ap.add_argument("--ablations", action="store_true", help="add mpca:gamma0, mpca:uniform, mpca:S1, mpca:S2")
+    ap.add_argument("--ablations", action="store_true",
+                    help="add mpca:gamma0, mpca:uniform, mpca:S1, mpca:S2, mpca:elastic")
     ap.add_argument("--targets", default="0.3,0.26,0.24", help="holdout errors, comma-separated (the defaults suit "
                     "the default teacher task)")
     ap.add_argument("--max-seconds", type=float, default=120.0, help="per algorithm and repeat")

@@ -62,7 +62,8 @@ def arrow_table(x: np.ndarray, y: np.ndarray):
     import pyarrow as pa
 
     flat = x.reshape(len(x), -1).astype(np.float32)
-    feats = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1]).cast(pa.list_(pa.float32()))
+    offsets = pa.array(np.arange(len(flat) + 1, dtype=np.int32) * np.int32(flat.shape[1]))
+    feats = pa.ListArray.from_arrays(offsets, pa.array(flat.ravel()))  # no copy: a cast costs ~1 us per row
     return pa.table({"features": feats, "label": pa.array(y.astype(np.int64))})
 
 

@@ -7,7 +7,7 @@ import torch
 from mpca.algorithm import AgentContext, ShardLayout, WeightedSum, build_algorithm, nesterov_outer_step
 from mpca.algorithm.diloco import DiLoCoDriver
 from mpca.algorithm.easgd import EASGDDriver
-from mpca.algorithm.mpca import MPCADriver
+from mpca.algorithm.mpca import MPCAAgent, MPCADriver
 from mpca.algorithm.single import ObservingDriver
 from mpca.algorithm.sync import SyncAgent, SyncDriver
 from mpca.algorithm.diloco import DiLoCoAgent
@@ -70,6 +70,50 @@ def test_easgd_centre_moves_by_alpha_times_the_difference():
     with pytest.raises(ValueError):
         d.serve(0, {"op": "easgd"}, T(1.0))
     assert build_algorithm({"name": "easgd"}).driver_rule([T(0.0)], 4).alpha == pytest.approx(0.225)  # 0.9 / K
+
+
+def _one_weight_agent(pull):
+    model = torch.nn.Linear(1, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.fill_(2.0)
+    ctx = AgentContext(agent_id=0, agents=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+                       shards=ShardLayout.from_module(model, 1).bind_module(model), device=torch.device("cpu"))
+    return MPCAAgent(ctx, pull=pull), model.weight
+
+
+@pytest.mark.parametrize("pull, after", [("elastic", (3.0, 2.0)), ("compensated", (4.5, 4.25))])
+def test_mpca_agent_pulls_toward_x_star_or_toward_x_star_plus_its_own_steps_since_it_contributed(pull, after):
+    agent, w = _one_weight_agent(pull)
+    vec, weight, extra = agent.contribution(0, {"alpha": 0.5})  # y = 2 goes up
+    assert vec.tolist() == [2.0]
+    with torch.no_grad():
+        w.fill_(5.0)  # the agent trains on while the exchange is in flight: +3
+    agent.receive(0, [T(1.0)], {"alpha": 0.5})  # x* = 1 comes back
+    # elastic: 5 − 0.5 (5 − 1) = 3, then 3 − 0.5 (3 − 1) = 2;  compensated: r = y − x* = 1: 5 − 0.5 = 4.5, 4.5 − 0.25
+    agent.before_step()
+    first = w.item()
+    agent.before_step()
+    assert (first, w.item()) == after
+
+
+def test_compensated_pull_without_a_contribution_behind_the_delivery_uses_the_model_as_it_is():
+    agent, w = _one_weight_agent("compensated")
+    agent.contribution(0, {})
+    agent.receive(0, [T(1.0)], {"alpha": 1.0})  # r = y − x* = 1
+    agent.before_step()
+    assert w.item() == 1.0
+    with torch.no_grad():
+        w.fill_(3.0)
+    agent.receive(0, [T(0.0)], {"alpha": 1.0})  # no new contribution: r = x − x* = 3, never the old y again
+    agent.before_step()
+    assert w.item() == 0.0
+    agent.on_reset()  # a reset puts the model on a joint model: nothing left to pull by
+    with torch.no_grad():
+        w.fill_(7.0)
+    agent.before_step()
+    assert w.item() == 7.0
+    with pytest.raises(ValueError):
+        MPCAAgent(agent.ctx, pull="nearest")
 
 
 def test_mpca_driver_is_eqs_9_8_4_5_and_sends_alpha():

@@ -106,3 +106,12 @@ def test_a_best_setting_on_the_grid_s_edge_gets_the_next_point_past_it():
     assert beyond("mpca", mpca, 0)[0] == "alpha.target=0.0125"
     assert beyond("sync", [{"algorithm": {"name": "sync", "every": h}} for h in (1, 2)], 0) is None  # H >= 1
     assert beyond("ddp", [{"algorithm": {"name": "ddp"}}], 0) is None
+
+
+def test_repeats_run_round_robin_so_the_cluster_s_drift_is_shared_by_every_algorithm():
+    from mpca.bench.compare import interleaved
+
+    assert interleaved(["mpca", "sync", "diloco"], 2) == [("mpca", 0), ("sync", 0), ("diloco", 0),
+                                                           ("mpca", 1), ("sync", 1), ("diloco", 1)]
+    assert interleaved(["mpca"], 3) == [("mpca", 0), ("mpca", 1), ("mpca", 2)]
+    assert interleaved(["mpca", "sync"], 0) == []

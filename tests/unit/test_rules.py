@@ -11,6 +11,7 @@ from mpca.algorithm import (
     WeightedSum,
     blend,
     easgd_exchange_,
+    compensated_pull_,
     elastic_pull_,
     extrapolate,
     model_average,
@@ -173,6 +174,26 @@ def test_alpha_one_moves_to_target_and_is_in_place():
 def test_pull_rejects_bad_alpha():
     with pytest.raises(ValueError):
         elastic_pull_([T(1)], [T(1)], 1.5)
+    with pytest.raises(ValueError):
+        compensated_pull_([T(1)], [T(1)], -0.1)
+
+
+def test_compensated_pull_by_hand_is_eq_7_toward_a_target_that_keeps_the_agents_steps():
+    # x = [5, 0], residual r = x − x̂* = [1, −4] → x̂* = [4, 4]; α = 0.25: x − 0.25 r = [4.75, 1], r = [0.75, −3]
+    x, y = T(5), T(0)
+    r = [T(1), T(-4)]
+    compensated_pull_([x, y], r, 0.25)
+    assert (x.item(), y.item()) == (4.75, 1.0) and (r[0].item(), r[1].item()) == (0.75, -3.0)
+    # the same as Eq. 7 toward x̂* = [4, 4]
+    a, b = T(5), T(0)
+    elastic_pull_([a, b], [T(4), T(4)], 0.25)
+    assert (a.item(), b.item()) == (x.item(), y.item())
+    # a gradient step moves x (and x̂* with it): the next pull still closes a quarter of the residual only
+    x -= 2.0
+    compensated_pull_([x], r[:1], 0.25)
+    assert x.item() == 2.75 - 0.1875 and r[0].item() == 0.5625
+    compensated_pull_([x], r[:1], 0.0)  # α = 0: nothing moves
+    assert x.item() == 2.5625 and r[0].item() == 0.5625
 
 
 def test_model_average_by_hand():
