@@ -123,6 +123,14 @@ def _median(values: List[float]) -> float:
     return statistics.median(vals) if len(vals) == len(values) and vals else math.nan
 
 
+def after_start_up(runs: List[dict], target: float) -> float:
+    """The median over ``runs`` of the time to ``target`` counted from the moment every agent was up
+    (``time_to[target] − agents_up_s`` per run; NaN unless every run reached it).  Start-up (agents' processes
+    and their data) is the same work for every algorithm and swings by seconds with the cluster's state on a
+    shared machine; this column shows what the algorithm did once it was training."""
+    return _median([r["time_to"][target] - _nan(r["agents_up_s"]) for r in runs])
+
+
 def _traffic(fit) -> int:
     """Payload bytes the algorithm moved: through Spark (reductions, broadcasts), the parameter service,
     and agent to agent (what the agents report as ``wire_bytes``)."""
@@ -269,6 +277,12 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
             for ref in ("single", "mpca"):
                 base = results.get(ref, {}).get("time_to", {}).get(t, math.nan)
                 row[f"t({100 * t:g}%)/{ref}"] = v / base if base and not math.isnan(base) else math.nan
+        if "after_start_up_s" in r:
+            last = targets[-1]
+            row[f"t({100 * last:g}%) after start-up s"] = after = r["after_start_up_s"]
+            base = results.get("mpca", {}).get("after_start_up_s", math.nan)
+            row[f"t({100 * last:g}%) after start-up/mpca"] = \
+                after / base if base and not math.isnan(base) else math.nan
         if any(x.get("spread") for x in results.values()):
             row["repeats differ"] = "; ".join(r.get("spread") or [])  # > 2x, or a target missed by some
         if r.get("emulation") and verdict(r["emulation"]):
@@ -284,12 +298,13 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
 
 
 def interleaved(labels: List[str], repeats: int) -> List[tuple]:
-    """The order of the measured runs, ``(label, repeat)``: first repeat of every label, then the second...
-    A long comparison shares one cluster, whose JVMs drift (here the algorithms measured 35-45 minutes into one
-    comparison started in 9.6-9.8 s, those measured first in 5.5 s, and DiLoCo measured early in another
-    in 5.3 s); round-robin repeats spread that drift over every algorithm instead of
-    charging it to the ones measured last."""
-    return [(label, i) for i in range(repeats) for label in labels]
+    """The order of the measured runs, ``(label, repeat)``: one repeat of every label per round, the rounds
+    alternately forward and backward.  A long comparison shares one cluster, whose state drifts (the
+    algorithms measured 35-45 minutes into one comparison started in 9.6-9.8 s, those measured first in
+    5.5 s) and carries over from one run to the next (every run right after ``single``, which leaves three
+    executors idle, took 23-25 s to start its agents, the others 8-18 s): rounds spread the drift over every
+    algorithm, and the alternating direction gives each label a different predecessor in every other round."""
+    return [(label, i) for i in range(repeats) for label in (labels if i % 2 == 0 else labels[::-1])]
 
 
 def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: float, repeats: int, out: str,
@@ -298,7 +313,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     """Every label's runs, the table, compare.json and the plot.  With ``regime``
     (:class:`mpca.bench.regimes.Regime`) and ``tune_grid``, each algorithm first runs its grid of settings
     for the regime's ratio once each (:func:`tune`), and its ``repeats`` runs use the best one, afresh.  The
-    repeats run round-robin over the labels (:func:`interleaved`); compare.json keeps each run's order."""
+    repeats run in rounds over the labels (:func:`interleaved`); compare.json keeps each run's order."""
     from mpca import job
     from mpca.bench.cpu_profile import describe
     from mpca.report import plot_curves, write_json
@@ -333,6 +348,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                           "samples_per_s": _median([r["samples_per_s"] for r in runs]),
                           "agents_up_s": _median([_nan(r["agents_up_s"]) for r in runs]),
                           "first_exchange_s": _median([_nan(r["first_exchange_s"]) for r in runs]),
+                          "after_start_up_s": after_start_up(runs, targets[-1]),
                           "cpu": {k: statistics.median(r["cpu"][k] for r in runs) for k in first["cpu"]},
                           "emulation": [r["emulation"] for r in runs],
                           "runs": [{"sequence": r["sequence"], "agents_up_s": r["agents_up_s"],
@@ -352,7 +368,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
         "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
                                                   "duty_cycle", "repeats", "figures", "samples_per_s", "cpu",
                                                   "emulation", "setting", "grid", "spread", "agents_up_s",
-                                                  "first_exchange_s", "runs")}
+                                                  "first_exchange_s", "after_start_up_s", "runs")}
                        | {"time_to": {str(t): r["time_to"][t] for t in targets},
                           "time_range": {str(t): list(r["time_range"][t]) for t in targets}}
                        for label, r in results.items()},

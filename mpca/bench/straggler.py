@@ -3,6 +3,11 @@
 ``slowed(optimizer_fn, agent, speed)`` returns an ``optimizer_fn`` whose optimizers, on Spark partition
 ``agent`` only, sleep after every step so that the agent's steps take ``1 / speed`` times as long as they
 would (``speed = 0.5``: half speed).  The driver and every other agent get the optimizer unchanged.
+
+With emulated devices (``training.device_step_s`` = T) the straggler is a slower device instead: the agent
+reads ``device_speed`` off its optimizer and waits out T / speed per step (:class:`mpca.runtime.agent.DeviceClock`),
+and the optimizer stops sleeping itself — its sleep would count as the step's compute, make every step late
+and be absorbed by the padding (the agent would not be slowed at all).
 """
 from __future__ import annotations
 
@@ -12,13 +17,18 @@ from typing import Callable
 
 
 class _Slowed:
-    """Delegates to the real optimizer; ``step`` stretches the time since the previous step."""
+    """Delegates to the real optimizer; ``step`` stretches the time since the previous step, unless an
+    emulated device runs the steps (``on_device``, set by the agent), which is then ``device_speed`` × as fast."""
 
     def __init__(self, inner, speed: float):
         self._inner, self._speed, self._mark = inner, speed, None
+        self.device_speed = speed
+        self.on_device = False
 
     def step(self, *args, **kwargs):
         out = self._inner.step(*args, **kwargs)
+        if self.on_device:
+            return out
         now = time.perf_counter()
         if self._mark is not None:
             time.sleep((1.0 / self._speed - 1.0) * (now - self._mark))

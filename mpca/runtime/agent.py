@@ -147,7 +147,7 @@ class Agent:
         self.steps = 0
         self.samples = 0
         self.exchange_s = 0.0  # time the training loop spent in the rule's communicating hooks (not computing)
-        self.device_clock = DeviceClock(spec.device_step_s)  # real compute per step; an emulated device's idle time
+        self.device_clock = DeviceClock(self._device_step_s(spec.device_step_s))  # real compute; emulated idle time
         self.last_loss = float("nan")
         self.claimed_tokens = collections.deque(maxlen=64)  # one claim per token (a cycle has a token per task kind)
         self.last_contact = time.time()
@@ -177,6 +177,15 @@ class Agent:
     # ------------------------------------------------------------------ training
     def _should_stop(self) -> bool:
         return self.rule.should_stop(self.stop_requested)
+
+    def _device_step_s(self, step_s: Optional[float]) -> Optional[float]:
+        """The emulated device's step time: T, or T / speed for a benchmark's straggler (an optimizer with a
+        ``device_speed``, :mod:`mpca.bench.straggler`), whose own sleeping then stops."""
+        speed = getattr(self.optimizer, "device_speed", 1.0)
+        if step_s is None or speed == 1.0:
+            return step_s
+        self.optimizer.on_device = True
+        return step_s / speed
 
     def train_forever(self) -> None:
         n = self.features.shape[0]

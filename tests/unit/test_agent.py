@@ -327,10 +327,10 @@ def test_an_agent_the_driver_knows_as_another_process_stops_and_waits_for_the_jo
     assert not a.joining and torch.equal(torch.cat([a.shards.read(s) for s in range(2)]), joint)
 
 
-def _emulated_agent(step_s):
+def _emulated_agent(step_s, optimizer_fn=_frozen_sgd):
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
-                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), init_state=model_state(m),
+                     optimizer_fn=optimizer_fn, layout=ShardLayout.from_module(m, 2), init_state=model_state(m),
                      rule_factory=MPCAAgent, batch_size=2, input_shape=(3,), device_step_s=step_s)
     return Agent(spec, 0, torch.zeros(64, 3), torch.zeros(64, dtype=torch.long))
 
@@ -358,6 +358,27 @@ def test_an_emulated_device_pads_each_step_and_never_holds_an_exchange_request_f
     assert c["late_steps"] == 0 and 0 < c["compute_s"] < 0.02 * a.steps  # a Linear(3, 2) step: well under 20 ms
     assert c["device_idle_s"] > 0.08 * a.steps
     assert max(waits) < 0.03, waits  # never the 0.1 s padding (nor most of it)
+
+
+def test_a_straggler_on_an_emulated_device_takes_t_over_speed_per_step():
+    """--straggler 1:0.5 with T = 0.1 s: the slowed agent's device takes 0.2 s per step and the optimizer does
+    not sleep itself (its sleep would count as compute, make every step late, and not slow the agent)."""
+    import threading
+
+    from mpca.bench.straggler import _Slowed
+
+    a = _emulated_agent(0.1, optimizer_fn=lambda p: _Slowed(_frozen_sgd(p), 0.5))
+    assert a.device_clock.step_s == pytest.approx(0.2) and a.optimizer.on_device
+    trainer = threading.Thread(target=a.train_forever, daemon=True)
+    t0 = time.perf_counter()
+    trainer.start()
+    time.sleep(1.0)
+    a.stop_requested = True
+    trainer.join(5)
+    per_step = (time.perf_counter() - t0) / a.steps
+    assert 0.18 <= per_step <= 0.22 * (a.steps + 1) / a.steps, (per_step, a.steps)
+    assert a.device_clock.late_steps == 0
+    assert _emulated_agent(0.1).device_clock.step_s == 0.1  # everyone else: T
 
 
 def test_device_clock_counts_late_steps_and_leaves_hook_time_out_of_compute():

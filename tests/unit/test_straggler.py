@@ -18,6 +18,16 @@ def test_each_step_is_stretched_to_one_over_speed(monkeypatch):
     assert opt.param_groups[0]["lr"] == 0.1  # the real optimizer behind it
 
 
+def test_on_an_emulated_device_the_optimizer_does_not_sleep(monkeypatch):
+    slept = []
+    monkeypatch.setattr(straggler.time, "sleep", slept.append)
+    opt = straggler._Slowed(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), speed=0.5)
+    opt.on_device = True  # the agent's DeviceClock waits out T / device_speed instead
+    for _ in range(3):
+        opt.step()
+    assert slept == [] and opt.device_speed == 0.5
+
+
 def test_only_the_named_partition_is_slowed():
     fn = straggler.slowed(lambda p: torch.optim.SGD(p, lr=0.1), agent=1, speed=0.5)
     assert isinstance(fn([torch.nn.Parameter(torch.zeros(1))]), torch.optim.SGD)  # the driver: no task context
