@@ -14,7 +14,7 @@ pipeline overlaps the three phases over S shards (§4.2, Figs. 6–8).
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional, get_args
 
 import torch
 from pydantic import Field, model_validator
@@ -26,7 +26,8 @@ from mpca.algorithm.rules import WeightedSum, compensated_pull_, elastic_pull_, 
 from mpca.algorithm.schedules import AlphaSchedule, BetaSchedule, GammaSchedule
 
 
-PULLS = ("compensated", "elastic")
+Pull = Literal["compensated", "elastic"]  # Eq. 7's target: see MPCA.pull
+PULLS = get_args(Pull)
 
 
 class MPCAAgent(AgentRule):
@@ -45,6 +46,7 @@ class MPCAAgent(AgentRule):
         S = ctx.shards.layout.num_shards
         self.weighting = weighting
         self.pull = pull
+        self._pull_ = elastic_pull_ if pull == "elastic" else compensated_pull_  # chosen once, not per step
         self.tau = [0] * S
         self.targets: List[Optional[List[torch.Tensor]]] = [None] * S  # per shard: x* (elastic) or r (compensated)
         self.sent: List[Optional[torch.Tensor]] = [None] * S  # compensated: y_i, until its projection arrives
@@ -54,10 +56,7 @@ class MPCAAgent(AgentRule):
 
     def before_step(self) -> None:
         if self.alpha > 0 and self._views:  # Eq. 7, before the gradient
-            if self.pull == "elastic":
-                elastic_pull_(self._views, self._targets, self.alpha)
-            else:
-                compensated_pull_(self._views, self._targets, self.alpha)
+            self._pull_(self._views, self._targets, self.alpha)
 
     def after_step(self) -> None:
         for s in range(len(self.tau)):
@@ -141,7 +140,7 @@ class MPCA(Algorithm):
     shards: int = Field(3, ge=1, description="S: shards in flight (3 = stage, broadcast, reduce at once)")
     delta: float = Field(0.8, description="trajectory smoothing δ of Eq. 4, in [0, 1]")
     weighting: Literal["tau", "uniform"] = Field("tau", description="Eq. 9 weights: measured τ or 1 per agent")
-    pull: Literal["compensated", "elastic"] = Field(
+    pull: Pull = Field(
         "compensated", description="Eq. 7's target: x* plus the agent's own steps since its contribution "
         "(compensated, default: a deviation from the paper) or x* itself (elastic, the paper)")
     alpha: AlphaSchedule = Field(default_factory=AlphaSchedule)

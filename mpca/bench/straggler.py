@@ -21,8 +21,7 @@ class _Slowed:
     emulated device runs the steps (``on_device``, set by the agent), which is then ``device_speed`` × as fast."""
 
     def __init__(self, inner, speed: float):
-        self._inner, self._speed, self._mark = inner, speed, None
-        self.device_speed = speed
+        self._inner, self.device_speed, self._mark = inner, speed, None
         self.on_device = False
 
     def step(self, *args, **kwargs):
@@ -31,7 +30,7 @@ class _Slowed:
             return out
         now = time.perf_counter()
         if self._mark is not None:
-            time.sleep((1.0 / self._speed - 1.0) * (now - self._mark))
+            time.sleep((1.0 / self.device_speed - 1.0) * (now - self._mark))
         self._mark = time.perf_counter()
         return out
 
