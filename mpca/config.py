@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationErr
 from mpca.algorithm import Algorithm, build_algorithm
 from mpca.data.synthetic import TeacherTask
 from mpca.errors import UserError
+from mpca.local_cluster import parse_local_cluster
 
 
 class _Strict(BaseModel):
@@ -173,10 +174,11 @@ class ClusterSection(_Strict):
     @field_validator("master")
     @classmethod
     def _master(cls, v):
-        import re
-
-        if v == "existing" or re.fullmatch(r"local-cluster\[\d+,\d+,\d+\]", v.replace(" ", "")):
-            return v.replace(" ", "")
+        local = parse_local_cluster(v)
+        if local is not None:
+            return local.master
+        if v == "existing":
+            return v
         if v.startswith("sc://"):
             raise ValueError("a Spark Connect address (sc://...): mpca needs classic Spark (RDDs and long-lived "
                              "tasks); run on the cluster with spark-submit or a dedicated/single-user cluster")
@@ -217,12 +219,10 @@ class Settings(_Strict):
 
     @model_validator(mode="after")
     def _fits(self):
-        import re
-
         self.algorithm.check_agents(self.training.agents)
-        m = re.fullmatch(r"local-cluster\[(\d+),(\d+),(\d+)\]", self.cluster.master)
-        if m:
-            execs, cores = int(m.group(1)), int(m.group(2))
+        local = parse_local_cluster(self.cluster.master)
+        if local is not None:
+            execs, cores = local.executors, local.cores
             if cores < 2:
                 raise ValueError(f"cluster.master gives executors {cores} core(s); agents need 2 (use local-cluster[K,2,MB])")
             if self.training.agents > execs:

@@ -7,18 +7,16 @@ Used by ``mpca train`` and ``spark-submit spark_jobs/train.py``.  Outputs in
 """
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
-from typing import Optional
-
-import torch
 
 from mpca.config import JobConfig
-from mpca.errors import UserError, error_line
+from mpca.data.sources import job_dataframe
+from mpca.errors import UserError
+from mpca.models import training_functions
+from mpca.runtime.cluster import session_for
 
 log = logging.getLogger("mpca.job")
 
@@ -28,77 +26,10 @@ EXIT_RUN_FAILED = 3
 EXIT_TARGET_NOT_REACHED = 4  # stopped at a time/cycle/epoch limit without reaching stop.target_error
 
 
-def build_optimizer(name: str, lr: float, momentum: float, weight_decay: float, params):
-    """The configured optimizer (arguments first so that ``functools.partial`` leaves ``params`` open)."""
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-
-
-def cross_entropy(out, y):
-    return torch.nn.functional.cross_entropy(out, y)
-
-
 @dataclass
 class JobResult:
     exit_code: int
     summary: dict
-
-
-def _session(cfg: JobConfig):
-    from mpca.runtime.cluster import local_session
-
-    if cfg.cluster.master == "existing":
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.getActiveSession() or SparkSession.builder.appName(cfg.run.name).getOrCreate()
-        return spark, False
-    k, c, m = map(int, re.fullmatch(r"local-cluster\[(\d+),(\d+),(\d+)\]", cfg.cluster.master).groups())
-    spark = local_session(k, c, m, app_name=cfg.run.name, conf=cfg.cluster.conf)
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark, True
-
-
-def _data(spark, cfg: JobConfig):
-    from mpca.data.datasets import dataset_dataframe
-
-    d = cfg.data
-    if d.dataset == "teacher":
-        from mpca.data.synthetic import TeacherTask
-
-        return TeacherTask(**d.teacher.model_dump()).dataframe(spark, d.partitions)
-    if d.dataset is not None:
-        return dataset_dataframe(spark, d.dataset, d.partitions)
-    return read_source(spark, d)
-
-
-def read_source(spark, d, path: Optional[str] = None, scoring: bool = False):
-    """The DataFrame of ``data.path`` (or ``path``) read with ``data.format`` and ``data.options``, or of
-    ``data.table``; with ``data.feature_columns`` those columns become the ``data.features`` array (for
-    ``scoring``: added beside every column, no label needed; for training: features and label only).
-    A source Spark cannot read is one line naming it and what to fix."""
-    from pyspark.sql import functions as F
-
-    path = path or d.path
-    what = f"data.table {d.table!r}" if path is None else f"{path!r} as {d.format}"
-    try:
-        df = spark.table(d.table) if path is None else spark.read.format(d.format).options(**d.options).load(path)
-        columns = df.columns
-    except Exception as e:  # noqa: BLE001 - Spark's AnalysisException, a missing data source: the user must fix
-        first = error_line(e, 200)
-        hint = (f"; data.format {d.format!r} needs its package on the cluster (e.g. delta-spark for delta)"
-                if "data source" in first.lower() or "DATA_SOURCE_NOT_FOUND" in first else "")
-        raise UserError(f"cannot read {what}: {first}{hint}") from None
-    if d.feature_columns:
-        missing = [c for c in [*d.feature_columns, *([] if scoring else [d.label])] if c not in columns]
-        if missing:
-            raise UserError(f"data.feature_columns/label: {missing} not among the columns of {what} "
-                            f"({', '.join(columns[:20])}{', ...' if len(columns) > 20 else ''})")
-        features = F.array(*[F.col(c).cast("float") for c in d.feature_columns])
-        df = df.withColumn(d.features, features) if scoring else df.select(features.alias(d.features), F.col(d.label))
-    return df
 
 
 def write_failure_summary(cfg: JobConfig, status: str, code: int, message: str) -> None:
@@ -151,7 +82,7 @@ def preflight(cfg: JobConfig, starting_spark: bool) -> None:
         # rows, columns, labels and one batch, before Spark starts
         from mpca.data.checks import check_parquet
 
-        check_parquet(d.path, d.features, d.label, d.input_shape, *training_functions(cfg))
+        check_parquet(d.path, d.features, d.label, d.input_shape, *training_functions(cfg.model, cfg.optimizer))
     init = cfg.checkpoint.init_from
     if init is not None and "://" not in init and not os.path.exists(init):
         raise UserError(f"checkpoint.init_from {init!r} does not exist; give a previous run's model.pt or "
@@ -185,15 +116,6 @@ def _check_output_dir(path: str) -> None:
         raise UserError(f"run.output_dir {path!r} is not writable: {e.strerror or e}") from None
 
 
-def training_functions(cfg: JobConfig):
-    """(model_fn, loss_fn, optimizer_fn) of a job, picklable for the executors."""
-    from mpca.models import build_model
-
-    opt = cfg.optimizer
-    return (functools.partial(build_model, cfg.model.name, dict(cfg.model.args)), cross_entropy,
-            functools.partial(build_optimizer, opt.name, opt.lr, opt.momentum, opt.weight_decay))
-
-
 def _check_cluster_locations(cfg: JobConfig) -> None:
     """Output and checkpoint URIs, checked through the cluster's Hadoop once the session is up."""
     from mpca import storage
@@ -222,13 +144,13 @@ def dry_run(cfg: JobConfig, spark=None) -> int:
     preflight(cfg, starting_spark=spark is None and cfg.cluster.master != "existing")
     own_session = False
     if spark is None:
-        spark, own_session = _session(cfg)
+        spark, own_session = session_for(cfg.cluster, cfg.run.name)
     try:
         require_classic(spark)
         _check_cluster_locations(cfg)
         d = cfg.data
-        df = _data(spark, cfg)
-        check_dataframe(df, d.features, d.label, d.input_shape, *training_functions(cfg))
+        df = job_dataframe(spark, cfg.data)
+        check_dataframe(df, d.features, d.label, d.input_shape, *training_functions(cfg.model, cfg.optimizer))
         shape, use_gpus = agents_fit(spark.sparkContext, cfg)
     finally:
         if own_session:
@@ -254,12 +176,12 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
     trackers = from_config(cfg.tracking)  # MLflow / TensorBoard: the config's, or MLflow's environment (before Spark)
     own_session = False
     if spark is None:
-        spark, own_session = _session(cfg)
+        spark, own_session = session_for(cfg.cluster, cfg.run.name)
     t0 = time.time()
     try:
         _check_cluster_locations(cfg)
-        df = _data(spark, cfg)
-        trainer = Trainer(*training_functions(cfg), cfg, spark=spark, on_cycle=trackers)  # settings passed whole
+        df = job_dataframe(spark, cfg.data)
+        trainer = Trainer(*training_functions(cfg.model, cfg.optimizer), cfg, spark=spark, on_cycle=trackers)  # settings passed whole
         with StopSignals() as signals:
             trainer.stop_requested = signals.event  # SIGTERM / Ctrl-C: stop after this cycle, write everything
             fit = trainer.fit(df)

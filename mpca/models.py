@@ -107,3 +107,26 @@ def check_model_name(name: str, args: dict) -> None:
         raise UserError(f"model.name {name!r} cannot be imported: {e}") from None
     except TypeError as e:
         raise UserError(f"model.args do not fit model {name!r}: {e}") from None
+
+
+def build_optimizer(name: str, lr: float, momentum: float, weight_decay: float, params):
+    """The configured optimizer (arguments first so that ``functools.partial`` leaves ``params`` open)."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def cross_entropy(out, y):
+    return torch.nn.functional.cross_entropy(out, y)
+
+
+def training_functions(model, optimizer):
+    """(model_fn, loss_fn, optimizer_fn) of a job's ``model`` and ``optimizer`` sections, picklable for the
+    executors."""
+    import functools
+
+    return (functools.partial(build_model, model.name, dict(model.args)), cross_entropy,
+            functools.partial(build_optimizer, optimizer.name, optimizer.lr, optimizer.momentum,
+                              optimizer.weight_decay))

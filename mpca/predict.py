@@ -19,8 +19,10 @@ from mpca.errors import UserError
 def predict(cfg, model_path: str, data: str, out: str, overwrite: bool = False,
             prediction_col: str = "prediction", spark=None) -> int:
     from mpca import job
+    from mpca.data.sources import read_source
     from mpca.ml.estimator import TorchClassificationModel
     from mpca.ml.spec import load_model, read_spec, registry_spec
+    from mpca.runtime.cluster import session_for
 
     if "://" not in model_path and not os.path.exists(model_path):
         raise UserError(f"--model {model_path!r} does not exist; give a trained model.pt (mpca train writes one)")
@@ -41,9 +43,9 @@ def predict(cfg, model_path: str, data: str, out: str, overwrite: bool = False,
     own = spark is None
     if own:
         job.preflight(cfg, starting_spark=cfg.cluster.master != "existing")
-        spark, own = job._session(cfg)
+        spark, own = session_for(cfg.cluster, cfg.run.name)
     try:
-        df = job.read_source(spark, d, path=data, scoring=True)
+        df = read_source(spark, d, path=data, scoring=True)
         scorer = TorchClassificationModel.of(module, spec, list(d.input_shape), featuresCol=d.features,
                                              predictionCol=prediction_col)
         scored = scorer.transform(df).drop(d.features)

@@ -170,11 +170,11 @@ def _dirname(label: str) -> str:
 
 def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float], max_seconds: float, out: str,
             straggler=None) -> dict:
-    from mpca import job
     from mpca.bench.cpu_profile import CpuProfile
     from mpca.bench.emulation import device_check
     from mpca.bench.straggler import slowed
     from mpca.config import settings_from
+    from mpca.models import training_functions
     from mpca.trainer import Trainer
 
     overrides = {"algorithm": algorithm, "stop": {"max_seconds": max_seconds, "target_error": min(targets)},
@@ -184,7 +184,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
     if algorithm["name"] == "single":
         overrides["agents"] = 1
     settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"}, **overrides)
-    model_fn, loss_fn, optimizer_fn = job.training_functions(cfg)
+    model_fn, loss_fn, optimizer_fn = training_functions(cfg.model, cfg.optimizer)
     slow = straggler is not None and not label.startswith("mpca:uncontested")
     if slow:
         optimizer_fn = slowed(optimizer_fn, *straggler)
@@ -214,14 +214,14 @@ def _samples_per_s(fit) -> float:
 def _warm_up(spark, cfg, data, out: str) -> None:
     """A short unrecorded run first, so that no algorithm pays for starting the executors' Python workers
     (importing torch there takes seconds) and the JVMs' warm-up."""
-    from mpca import job
     from mpca.config import settings_from
+    from mpca.models import training_functions
     from mpca.trainer import Trainer
 
     settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"}, algorithm="mpca",
                              stop={"max_cycles": 3}, eval={"every_cycles": 100},
                              checkpoint={"dir": os.path.join(out, "warm-up"), "every_cycles": 10 ** 9}, progress="off")
-    Trainer(*job.training_functions(cfg), settings, spark=spark).fit(data)
+    Trainer(*training_functions(cfg.model, cfg.optimizer), settings, spark=spark).fit(data)
 
 
 def tune(spark, cfg, data, label: str, targets: List[float], max_seconds: float, out: str, straggler,
@@ -314,12 +314,12 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     (:class:`mpca.bench.regimes.Regime`) and ``tune_grid``, each algorithm first runs its grid of settings
     for the regime's ratio once each (:func:`tune`), and its ``repeats`` runs use the best one, afresh.  The
     repeats run in rounds over the labels (:func:`interleaved`); compare.json keeps each run's order."""
-    from mpca import job
     from mpca.bench.cpu_profile import describe
+    from mpca.data.sources import job_dataframe
     from mpca.report import plot_curves, write_json
 
     os.makedirs(out, exist_ok=True)
-    data = job._data(spark, cfg)  # one DataFrame for every run: the same rows, and read (or built) once
+    data = job_dataframe(spark, cfg.data)  # one DataFrame for every run: the same rows, and read (or built) once
     _warm_up(spark, cfg, data, out)
     chosen: Dict[str, tuple] = {}
     for label in labels:
@@ -408,23 +408,19 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
 
 
 def _session(cfg, network: str):
-    """The Spark session: the emulated cluster's master when this process runs inside one, else local-cluster."""
+    """The Spark session: the emulated cluster's master when this process runs inside one, else the
+    configured one (``existing``: spark-submit spark_jobs/benchmark.py compare ..., its cluster and network;
+    or a local-cluster)."""
     from mpca.bench.netcluster import session_in_cluster
-    from mpca.runtime.cluster import local_session
+    from mpca.runtime.cluster import session_for
 
-    conf = {"spark.ui.showConsoleProgress": "false", **cfg.cluster.conf}  # the benchmark prints its own lines
-    spark = session_in_cluster("mpca-compare", conf)
+    conf = {"spark.ui.showConsoleProgress": "false"}  # the benchmark prints its own lines
+    spark = session_in_cluster("mpca-compare", {**conf, **cfg.cluster.conf})
     if spark is not None:
         return spark, f"{network} (emulated cluster: standalone master, workers in network namespaces)"
-    if cfg.cluster.master == "existing":  # spark-submit spark_jobs/benchmark.py compare ... (its cluster, its network)
-        from pyspark.sql import SparkSession
-
-        return SparkSession.builder.appName("mpca-compare").getOrCreate(), f"{network} (the submitted cluster)"
-    import re
-
-    m = re.fullmatch(r"local-cluster\[(\d+),(\d+),(\d+)\]", cfg.cluster.master)
-    k, c, mb = (int(g) for g in m.groups()) if m else (cfg.training.agents, 2, 1024)
-    spark = local_session(k, c, mb, app_name="mpca-compare", conf=conf)
+    spark, _ = session_for(cfg.cluster, "mpca-compare", conf)
+    if cfg.cluster.master == "existing":
+        return spark, f"{network} (the submitted cluster)"
     return spark, "none (local-cluster on one machine)" if network == "none" else \
         f"local-cluster on one machine (no {network} emulation here)"
 

@@ -24,6 +24,7 @@ from torch import nn
 from mpca.algorithm import AlphaSchedule
 from mpca.bench.cpu_profile import command_line, pids, process_cpu_s
 from mpca.config import settings_from
+from mpca.models import cross_entropy
 
 
 class ComputeHeavyMLP(nn.Module):
@@ -61,10 +62,6 @@ def flat_model_fn(numel: int):
     return functools.partial(FlatModel, numel)
 
 
-def cross_entropy(out, y):
-    return nn.functional.cross_entropy(out, y)
-
-
 def sgd(params):
     return torch.optim.SGD(params, lr=0.01)
 
@@ -78,7 +75,7 @@ def processes_with(*needles: bytes) -> list:
     return [pid for pid in pids() if (cmd := command_line(pid)) is not None and any(n in cmd for n in needles)]
 
 
-def _executor_jvms(app_id: str) -> list:
+def executor_jvms(app_id: str) -> list:
     executors = set(processes_with(b"CoarseGrainedExecutorBackend"))
     return [p for p in processes_with(app_id.encode()) if p in executors]
 
@@ -89,7 +86,7 @@ class CpuMeter:
     def __init__(self, spark):
         sc = spark.sparkContext
         self.jvm = getattr(getattr(sc, "_gateway", None), "proc", None)
-        self.executors = _executor_jvms(sc.applicationId)
+        self.executors = executor_jvms(sc.applicationId)
 
     def read(self) -> dict:
         return {"driver_python": time.process_time(),

@@ -112,23 +112,25 @@ def main(argv=None) -> int:
     ap.add_argument("--hang-s", type=float, default=8.0)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    from mpca import job
     from mpca.bench.compare import time_to
     from mpca.config import load_config, settings_from
+    from mpca.data.sources import job_dataframe
+    from mpca.models import training_functions
+    from mpca.runtime.cluster import session_for
     from mpca.trainer import Trainer
 
     cfg = load_config(args.config or ["conf/digits.yaml"], args.overrides)
-    spark, _ = job._session(cfg)
+    spark, _ = session_for(cfg.cluster, cfg.run.name)
     rows = []
     try:
         for fault in args.faults.split(","):
-            model_fn, loss_fn, optimizer_fn = job.training_functions(cfg)
+            model_fn, loss_fn, optimizer_fn = training_functions(cfg.model, cfg.optimizer)
             settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"},
                                      stop={"max_seconds": args.max_seconds}, progress="off",
                                      eval={"every_cycles": None, "every_seconds": 1.0},
                                      checkpoint={"dir": None, "init_from": cfg.checkpoint.init_from})
             fit = Trainer(faulty(model_fn, fault, args.at_call, args.hang_s), loss_fn, optimizer_fn, settings,
-                          spark=spark).fit(job._data(spark, cfg))
+                          spark=spark).fit(job_dataframe(spark, cfg.data))
             rows.append({"fault": fault, "time_to_target_s": time_to(fit.history, args.target),
                          "final_error": fit.final.error, **recovery(fit)})
             print(rows[-1], flush=True)

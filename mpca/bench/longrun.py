@@ -47,18 +47,19 @@ def _children(pids: List[int]) -> List[int]:
 
 
 def sample(spark) -> Dict[str, float]:
-    from mpca.bench.exchange import _executor_jvms
+    from mpca.bench.exchange import executor_jvms
 
     sc = spark.sparkContext
     jvm = getattr(getattr(sc, "_gateway", None), "proc", None)
-    executors = _executor_jvms(sc.applicationId)
+    executors = executor_jvms(sc.applicationId)
     return {"driver_py_mb": _rss_mb(os.getpid()), "driver_jvm_mb": _rss_mb(jvm.pid) if jvm is not None else 0.0,
             "executor_jvms_mb": sum(_rss_mb(p) for p in executors),
             "executor_python_mb": sum(_rss_mb(p) for p in _children(executors))}
 
 
 def long_run(spark, cycles: int, samples: int, numel: int, timeline_window: int = 1000) -> List[dict]:
-    from mpca.bench.exchange import cross_entropy, flat_model_fn, sgd
+    from mpca.bench.exchange import flat_model_fn, sgd
+    from mpca.models import cross_entropy
     from mpca.config import settings_from
     from mpca.data.datasets import to_dataframe
     from mpca.runtime.run import AgentRun

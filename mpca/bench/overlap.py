@@ -84,7 +84,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from mpca.algorithm import AlphaSchedule
     from mpca.algorithm.mpca import MPCA
-    from mpca.bench.exchange import cross_entropy, flat_model_fn, sgd
+    from mpca.bench.exchange import flat_model_fn, sgd
+    from mpca.models import cross_entropy
     from mpca.config import settings_from
     from mpca.data.datasets import to_dataframe
     from mpca.runtime.run import AgentRun

@@ -29,15 +29,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    from mpca import job
     from mpca.config import load_config, settings_from
+    from mpca.data.sources import job_dataframe
+    from mpca.models import training_functions
+    from mpca.runtime.cluster import session_for
     from mpca.trainer import Trainer
 
     cfg = load_config(args.config or ["conf/digits.yaml"], (DIGITS_MLP if not args.config else []) + args.overrides)
-    spark, _ = job._session(cfg)
+    spark, _ = session_for(cfg.cluster, cfg.run.name)
     rates = {"memory": [], "disk": []}
     try:
-        df = job._data(spark, cfg)
+        df = job_dataframe(spark, cfg.data)
         for r in range(args.repeats):
             for mode, budget in (("memory", None), ("disk", 0.0)):
                 settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"},
@@ -46,7 +48,7 @@ def main(argv=None) -> int:
                                          stop={"max_seconds": args.seconds, "target_error": None},
                                          eval={"every_cycles": None, "every_seconds": 1.0},
                                          checkpoint={"dir": None, "init_from": None})
-                fit = Trainer(*job.training_functions(cfg), settings, spark=spark).fit(df)
+                fit = Trainer(*training_functions(cfg.model, cfg.optimizer), settings, spark=spark).fit(df)
                 on_disk = [bool(a.get("data_on_disk")) for a in fit.agents]
                 if on_disk != [mode == "disk"]:
                     raise RuntimeError(f"{mode} run: the agent reported data_on_disk={on_disk}")

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from typing import Callable, List
+
+from mpca.local_cluster import LocalCluster, parse_local_cluster
 
 
 def per_k_argv(argv: List[str], k: int, out: str) -> List[str]:
@@ -31,10 +32,9 @@ def per_k_argv(argv: List[str], k: int, out: str) -> List[str]:
         rest.append(a)
     master = next((a.split("=", 1)[1] for a in rest if a.startswith("cluster.master=")), None)
     rest = [a for a in rest if not a.startswith(("training.agents=", "cluster.master="))]
-    m = re.fullmatch(r"local-cluster\[\d+,(\d+),(\d+)\]", master or "local-cluster[0,2,1024]")
-    cores, memory = m.groups() if m else ("2", "1024")
-    return rest + ["--out", os.path.join(out, f"K{k}"), f"training.agents={k}",
-                   f"cluster.master=local-cluster[{k},{cores},{memory}]"]
+    given = parse_local_cluster(master)
+    local = LocalCluster(k, given.cores, given.memory_mb) if given else LocalCluster(k, 2, 1024)
+    return rest + ["--out", os.path.join(out, f"K{k}"), f"training.agents={k}", f"cluster.master={local.master}"]
 
 
 def sweep_table(out: str, ks: List[int]):

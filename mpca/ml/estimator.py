@@ -78,7 +78,7 @@ class TorchClassifier(Estimator, _TorchModelParams, HasLabelCol, DefaultParamsRe
         self._set(**self._input_kwargs)
 
     def _fit(self, dataset) -> "TorchClassificationModel":
-        from mpca.job import build_optimizer, cross_entropy
+        from mpca.models import build_optimizer, cross_entropy
         from mpca.trainer import Trainer
 
         spec = self.spec()

@@ -10,7 +10,6 @@ core, hence the paper's rule of 2 cores per agent (§5.1).
 from __future__ import annotations
 
 import os
-import re
 import sys
 import tempfile
 import time
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 from mpca.errors import ClusterTooSmallError, UserError
+from mpca.local_cluster import parse_local_cluster
 
 AGENT_SLOT = "agentslot"
 _SCRIPT_DIR: Optional[str] = None
@@ -114,6 +114,21 @@ def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app
     return spark
 
 
+def session_for(cluster, app_name: str, conf: Optional[Dict[str, str]] = None) -> Tuple[object, bool]:
+    """The session a job runs on, from its ``cluster`` section: with ``master: existing`` the active one (or
+    the one spark-submit configured), else a new ``local-cluster[K,C,MB]``; and whether the caller owns it
+    (and must stop it).  ``conf`` is added to the section's own ``cluster.conf``."""
+    if cluster.master == "existing":
+        from pyspark.sql import SparkSession
+
+        return SparkSession.getActiveSession() or SparkSession.builder.appName(app_name).getOrCreate(), False
+    local = parse_local_cluster(cluster.master)
+    spark = local_session(local.executors, local.cores, local.memory_mb, app_name=app_name,
+                          conf={**(conf or {}), **cluster.conf})
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark, True
+
+
 def _watch_driver_jvm(spark) -> None:
     """A local cluster must not outlive this Python driver: if it dies without stopping Spark (kill -9, OOM
     killer), a detached watchdog asks the driver's JVM — which holds the local cluster and its executors —
@@ -170,9 +185,9 @@ def inspect_cluster(sc, wait_for: int, wait_s: float = 60.0) -> ClusterShape:
         time.sleep(0.2)
     n = executor_count(sc)
     cores = _conf_int(sc, "spark.executor.cores", 0)
-    m = re.match(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,", master)
-    if m:
-        cores = int(m.group(2))
+    local = parse_local_cluster(master)
+    if local is not None:
+        cores = local.cores
     if cores == 0 and n:
         cores = max(1, sc.defaultParallelism // n)
     gpus = _conf_int(sc, "spark.executor.resource.gpu.amount", 0)

@@ -11,7 +11,7 @@ from mpca import cli
 from mpca.config import load_config
 from mpca.data.datasets import dataset_dataframe, load, to_dataframe
 from mpca.errors import UserError
-from mpca.job import read_source
+from mpca.data.sources import read_source
 from mpca.trainer import Trainer
 from tests import helpers
 
