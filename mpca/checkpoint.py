@@ -35,7 +35,7 @@ from mpca.errors import UserError
 from mpca.storage import Store, open_store
 
 FORMAT = 2
-_NAME = re.compile(r"ckpt-(\d+)\.json$")
+MANIFEST_NAME = re.compile(r"ckpt-(\d+)\.json$")
 
 
 @dataclass
@@ -72,14 +72,14 @@ def save(location: str, ckpt: Checkpoint, keep: int = 3) -> str:
                 "bytes": len(data), "written_at": time.time()}
     store.write_atomic(f"{name}.json", json.dumps(manifest).encode())
     # retention: keep the newest `keep` checkpoints
-    cycles = sorted(int(m.group(1)) for m in map(_NAME.match, store.list()) if m)
+    cycles = sorted(int(m.group(1)) for m in map(MANIFEST_NAME.match, store.list()) if m)
     for old in cycles[:-keep]:
         store.delete(f"ckpt-{old:08d}.json")
         store.delete(f"ckpt-{old:08d}.pt")
     return store.path(f"{name}.pt")
 
 
-def _load(store: Store, manifest_name: str) -> Optional[Checkpoint]:
+def read_manifest(store: Store, manifest_name: str) -> Optional[Checkpoint]:
     try:
         manifest = json.loads(store.read(manifest_name))
         data = store.read(manifest["data"])
@@ -100,9 +100,9 @@ def _load(store: Store, manifest_name: str) -> Optional[Checkpoint]:
 def latest(location: str) -> Optional[Checkpoint]:
     """The newest checkpoint in ``location`` whose data matches its checksum (None if there is none)."""
     store = open_store(location)
-    names = sorted((n for n in store.list() if _NAME.match(n)), reverse=True)
+    names = sorted((n for n in store.list() if MANIFEST_NAME.match(n)), reverse=True)
     for n in names:
-        ck = _load(store, n)
+        ck = read_manifest(store, n)
         if ck is not None:
             return ck
     return None

@@ -114,6 +114,9 @@ class TrainingSection(_Strict):
                                            "agent — every training step takes this wall time (the real step runs, "
                                            "then the agent waits out the rest, serving the exchange meanwhile); "
                                            "steps slower than it are counted late; None: off")
+    device_speed: Dict[int, float] = Field(default_factory=dict, description="benchmarks: agents whose emulated "
+                                           "device is slower, e.g. {1: 0.5} (a straggler: its steps take "
+                                           "device_step_s / 0.5); needs device_step_s")
     timeline_window: int = Field(1000, ge=1, description="cycles of the exchange timeline the driver keeps in "
                                  "memory (~3 KB each); older ones go to a temporary file, and timeline.csv and "
                                  "FitResult.timeline.to_pandas() still hold every cycle")
@@ -122,6 +125,10 @@ class TrainingSection(_Strict):
     def _min_agents_fit(self):
         if self.min_agents > self.agents:
             raise ValueError(f"training.min_agents={self.min_agents} exceeds training.agents={self.agents}")
+        if self.device_speed and self.device_step_s is None:
+            raise ValueError("training.device_speed needs training.device_step_s (the emulated device's step time)")
+        if any(not 0.0 < v <= 1.0 or a < 0 for a, v in self.device_speed.items()):
+            raise ValueError("training.device_speed maps agents (>= 0) to speeds in (0, 1], e.g. {1: 0.5}")
         return self
 
 

@@ -215,7 +215,7 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
     if previous is not None:
         import pandas as pd
 
-        history = pd.concat([previous[previous["cycle"] <= fit.extra["first_cycle"]], history], ignore_index=True)
+        history = pd.concat([previous[previous["cycle"] <= fit.first_cycle], history], ignore_index=True)
     write_history_csv(history, hist_path)
     plot = plot_history(history, os.path.join(local, "history.png"), title=f"{cfg.run.name}: holdout error",
                         target=cfg.stop.target_error, agents_up_s=fit.agents_up_s)
@@ -237,8 +237,8 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
         "exit_code": code, "stop_reason": fit.stop_reason, "final_holdout_error": fit.final.error,
         "final_holdout_loss": fit.final.loss, "target_error": target, "wall_s": fit.wall_s,
         "job_wall_s": time.time() - t0, "cycles": fit.cycles, "agents_up_s": fit.agents_up_s,
-        "first_cycle": fit.extra.get("first_cycle", 0),
-        "agents": cfg.training.agents, "algorithm": cfg.algorithm.name, "layout": fit.extra["layout"],
+        "first_cycle": fit.first_cycle,
+        "agents": cfg.training.agents, "algorithm": cfg.algorithm.name, "layout": fit.layout,
         "paths": {**{k: target_path(v) if v else None for k, v in names.items()}, "checkpoints": cfg.checkpoint.dir},
     }
     write_json(os.path.join(local, "summary.json"), summary)
@@ -265,7 +265,7 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
 
 def _previous_history(cfg: JobConfig, out: str, fit):
     """A resumed job's history before its first cycle (from the earlier run's history.csv), or None."""
-    if not (cfg.checkpoint.resume and fit.extra.get("first_cycle", 0) > 0):
+    if not (cfg.checkpoint.resume and fit.first_cycle > 0):
         return None
     import io
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Callable, List, Optional
 
 import torch
 
+from mpca.algorithm import DriverRule
 from mpca.config import Settings, settings_from
 from mpca.errors import UserError
 from mpca.evaluation import BackgroundEvaluator, EvalResult, SampleRate, evaluate
+from mpca.runtime.reports import RunCounters
 from mpca.runtime.timeline import Timeline
 
 log = logging.getLogger("mpca.trainer")
@@ -28,15 +30,22 @@ CALIBRATION_ROWS = 2048  # training rows the driver keeps for BatchNorm statisti
 
 @dataclass
 class FitResult:
+    """What :meth:`Trainer.fit` returns: the model, its curve and the run's own record."""
+
     model: torch.nn.Module
-    history: "object"  # pandas.DataFrame
-    timeline: Timeline
-    agents: List[dict]
+    history: "object"  # pandas.DataFrame: one row per evaluation of the joint model (and the final one)
+    timeline: Timeline  # every exchange cycle (mpca.runtime.timeline)
+    agents: List[dict]  # each agent's own summary at the end (steps, samples, pid, ...)
     cycles: int
     wall_s: float
     stop_reason: str
-    final: Optional[EvalResult] = None
-    extra: Dict[str, object] = field(default_factory=dict)
+    final: EvalResult
+    run_id: str
+    algorithm: str
+    layout: str  # how the model was cut into shards
+    first_cycle: int  # > 0 when resumed from a checkpoint
+    counters: RunCounters  # Spark jobs and broadcasts by purpose, the job group, parameter-service bytes
+    driver_rule: DriverRule  # the algorithm's driver side after the run (its joint model and state)
     agents_up_s: Optional[float] = None  # wall time (same clock as the history) when every agent had answered
     first_exchange_s: Optional[float] = None  # when the first cycle had handed agents a shard of the joint model
 
@@ -148,9 +157,9 @@ class Trainer:
         bound = run.layout.bind([state[name] for name, _, _ in specs])
         for s, v in enumerate(run.joint_vectors()):
             bound.write(s, v)
-        return Checkpoint(cycle=cycle, algorithm=self.settings.algorithm.name, driver_state=run.rule.state_dict(),
-                          pending=run.pipeline.pending_state(),
-                          model_state=state, layout=specs, shards=run.layout.num_shards, wall_s=wall)
+        driver_state, pending = run.checkpoint_state()
+        return Checkpoint(cycle=cycle, algorithm=self.settings.algorithm.name, driver_state=driver_state,
+                          pending=pending, model_state=state, layout=specs, shards=run.layout.num_shards, wall_s=wall)
 
     # ------------------------------------------------------------------ fit
     def fit(self, df) -> FitResult:
@@ -181,50 +190,49 @@ class Trainer:
         run = AgentRun(spark, train_df, model=model, model_fn=self.model_fn, loss_fn=self.loss_fn,
                        optimizer_fn=self.optimizer_fn, settings=st, driver_state=ck.driver_state if ck else None,
                        pending=ck.pending if ck else None)
-        history: List[dict] = []
         t0 = time.time() - prior_wall
+        out = _Outcome(history=[], first_cycle=first_cycle, t0=t0, cycles=first_cycle)
         stop = StopRules(st.stop, t0, self.stop_requested)
         progress = Progress(st.progress, st.stop.target_error)
         evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, hx, hy, self.loss_fn, calibration)
         saver = BackgroundSaver(st.checkpoint.dir, st.checkpoint.keep)
-        cycles_done, stop_reason, winner, agents_up_s, first_exchange_s = first_cycle, None, None, None, None
         try:
             if first_cycle == 0:  # the starting point of the curve: the initial model, before any agent starts
-                evaluator.submit(run.joint_vectors(), -1, time.time() - t0, {}, 0.0, run.rule.metrics)
+                evaluator.submit(run.joint_vectors(), -1, time.time() - t0, {}, 0.0, run.metrics)
             with run:
-                agents_up_s = time.time() - t0
+                out.agents_up_s = time.time() - t0
                 rows = sum(int(r.rows or 0) for r in run.agent_info.values())
                 rate = SampleRate()
                 rate.observe(run.agent_info)  # the agents' counts at start: a rate from the first cycle on
                 c, last_eval, eval_wanted = first_cycle, time.time(), False
-                while stop_reason is None:
+                while out.stop_reason is None:
                     rec = run.cycle(c)
-                    cycles_done = c + 1
-                    if first_exchange_s is None and rec.bcast_shard is not None and rec.delivered:
-                        first_exchange_s = time.time() - t0  # the pipeline's first useful exchange
-                    reports = run.pipeline.last_agent_reports
+                    out.cycles = c + 1
+                    if out.first_exchange_s is None and rec.bcast_shard is not None and rec.delivered:
+                        out.first_exchange_s = time.time() - t0  # the pipeline's first useful exchange
+                    reports = run.latest_reports()
                     samples = sum(int(r.samples or 0) for r in reports.values())
                     epochs = samples / rows if rows else 0.0
                     sps = rate.observe(reports)
                     eval_wanted = eval_wanted or self._eval_due(c - first_cycle, last_eval)
                     if eval_wanted and evaluator.submit(run.joint_vectors(), c, time.time() - t0, rec.agents, epochs,
-                                                        run.rule.metrics, sps):
+                                                        run.metrics, sps):
                         last_eval, eval_wanted = time.time(), False  # a due one the evaluator was busy for: next cycle
-                    if st.checkpoint.dir and cycles_done % st.checkpoint.every_cycles == 0:
-                        saver.submit(self._snapshot(run, model, cycles_done, specs, time.time() - t0))
-                    progress.update(cycles_done, None, sum(sps.values()) if sps else None)
+                    if st.checkpoint.dir and out.cycles % st.checkpoint.every_cycles == 0:
+                        saver.submit(self._snapshot(run, model, out.cycles, specs, time.time() - t0))
+                    progress.update(out.cycles, None, sum(sps.values()) if sps else None)
                     met = False
                     for row in evaluator.drain():
                         snapshot = row.pop("_snapshot")
-                        history.append(row)
-                        progress.update(cycles_done, row["holdout_error"], row["samples_per_s"])
+                        out.history.append(row)
+                        progress.update(out.cycles, row["holdout_error"], row["samples_per_s"])
                         if self.on_cycle:
                             self.on_cycle(row)
                         if not met and stop.target_met(row["holdout_error"]):
-                            met, winner = True, snapshot  # the joint model that met the target
-                    stop_reason = stop.reason(cycles_done, epochs, met)
+                            met, out.winner = True, snapshot  # the joint model that met the target
+                    out.stop_reason = stop.reason(out.cycles, epochs, met)
                     # optional throttle: fewer cycles leave more CPU to the agents where cores are shared
-                    time.sleep(max(0.0, run.rule.min_cycle_interval_s - (time.time() - rec.t_submit)))
+                    time.sleep(max(0.0, st.algorithm.cycle_interval_s - (time.time() - rec.t_submit)))
                     c += 1
         except BaseException:
             if hasattr(self.on_cycle, "finish"):
@@ -234,9 +242,7 @@ class Trainer:
             evaluator.close()
             saver.close()
             progress.close()
-        result = self._finish(run, model, specs, saver, history, winner, first_cycle, cycles_done, stop_reason, t0,
-                              hx, hy, calibration)
-        result.agents_up_s, result.first_exchange_s = agents_up_s, first_exchange_s
+        result = self._finish(run, model, specs, saver, out, hx, hy, calibration)
         if hasattr(self.on_cycle, "finish"):
             self.on_cycle.finish(result)
         return result
@@ -250,8 +256,7 @@ class Trainer:
         due = early or ev.every_cycles is not None and cycles_in_run % ev.every_cycles == ev.every_cycles - 1
         return due or (ev.every_seconds is not None and time.time() - last_eval >= ev.every_seconds)
 
-    def _finish(self, run, model, specs, saver, history, winner, first_cycle, cycles_done, stop_reason, t0, hx, hy,
-                calibration=None):
+    def _finish(self, run, model, specs, saver, out: "_Outcome", hx, hy, calibration=None) -> FitResult:
         """The final model (the evaluated snapshot that met the target, else the joint model after the last
         reduction; BatchNorm statistics recalibrated when the agents kept theirs), the final checkpoint and
         evaluation, and the result."""
@@ -259,25 +264,37 @@ class Trainer:
 
         from mpca.evaluation import recalibrate_batchnorm
 
-        for s, vec in enumerate(winner if winner is not None else run.joint_vectors()):
+        for s, vec in enumerate(out.winner if out.winner is not None else run.joint_vectors()):
             run.bound.write(s, vec)
         if calibration is not None:
             recalibrate_batchnorm(model, calibration)
         if self.settings.checkpoint.dir:
-            saver.write(self._snapshot(run, model, cycles_done, specs, time.time() - t0))
+            saver.write(self._snapshot(run, model, out.cycles, specs, time.time() - out.t0))
         final = evaluate(model, hx, hy, self.loss_fn)
-        wall = time.time() - t0
+        wall = time.time() - out.t0
         target = self.settings.stop.target_error
-        if target is not None and final.error <= target:
-            stop_reason = "target_error"
+        stop_reason = "target_error" if target is not None and final.error <= target else out.stop_reason
+        history = out.history
         last = history[-1] if history else {}
-        history.append({"wall_s": wall, "cycle": cycles_done, "holdout_error": final.error, "holdout_loss": final.loss,
+        history.append({"wall_s": wall, "cycle": out.cycles, "holdout_error": final.error, "holdout_loss": final.loss,
                         "samples_per_s": last.get("samples_per_s", float("nan")),
                         "epochs": last.get("epochs", float("nan")), "weight": {}, "agent_samples_per_s": {}})
-        pipe = run.pipeline
-        return FitResult(model.cpu(), pd.DataFrame(history), run.timeline, run.summaries, cycles_done, wall,
-                         stop_reason, final,
-                         extra={"run_id": run.run_id, "algorithm": self.settings.algorithm.name, "jobs": dict(pipe.jobs),
-                                "job_group": pipe.job_group, "broadcasts": dict(pipe.broadcasts),
-                                "layout": run.layout.describe(), "first_cycle": first_cycle, "driver": run.rule,
-                                "service_bytes": run.service.bytes_in + run.service.bytes_out if run.service else 0})
+        return FitResult(model=model.cpu(), history=pd.DataFrame(history), timeline=run.timeline,
+                         agents=run.summaries, cycles=out.cycles, wall_s=wall, stop_reason=stop_reason, final=final,
+                         run_id=run.run_id, algorithm=self.settings.algorithm.name, layout=run.layout.describe(),
+                         first_cycle=out.first_cycle, counters=run.counters(), driver_rule=run.rule,
+                         agents_up_s=out.agents_up_s, first_exchange_s=out.first_exchange_s)
+
+
+@dataclass
+class _Outcome:
+    """How the cycles of one fit went: what :meth:`Trainer._finish` builds the result from."""
+
+    history: List[dict]
+    first_cycle: int
+    t0: float
+    cycles: int = 0
+    stop_reason: Optional[str] = None
+    winner: Optional[List[torch.Tensor]] = None  # the evaluated snapshot that met the target
+    agents_up_s: Optional[float] = None
+    first_exchange_s: Optional[float] = None

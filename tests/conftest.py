@@ -43,7 +43,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    # unit tests first, then integration tests grouped by cluster shape (default shape first)
+    # tests without Spark first (unit tests, and the integration/e2e tests that start only plain processes),
+    # then Spark tests grouped by cluster shape (default shape first), then those that start their own Spark
     def key(item):
         if item.get_closest_marker("standalone"):
             return (2,)
@@ -91,6 +92,27 @@ def _ship_test_helpers_by_value():
 
     cloudpickle.register_pickle_by_value(helpers)
     yield
+
+
+@pytest.fixture
+def mlflow_environment(monkeypatch):
+    """No MLFLOW_* variables from outside; afterwards none left behind, no active run, no tracking URI or
+    experiment set (mlflow.set_tracking_uri/set_experiment export MLFLOW_TRACKING_URI/MLFLOW_EXPERIMENT_ID)."""
+    import sys
+
+    from mpca.tracking import MLFLOW_ENV
+
+    for k in MLFLOW_ENV:
+        monkeypatch.delenv(k, raising=False)
+    yield
+    mlflow = sys.modules.get("mlflow")  # None while a test hides it
+    if mlflow is not None:
+        while mlflow.active_run() is not None:
+            mlflow.end_run()
+        mlflow.set_tracking_uri(None)
+        mlflow.tracking.fluent._active_experiment_id = None
+    for k in MLFLOW_ENV:
+        os.environ.pop(k, None)
 
 
 @pytest.fixture

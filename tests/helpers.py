@@ -97,17 +97,17 @@ def bn_cnn():
 
 
 def hanging_cnn_fn(after=None):
-    """A fresh SmallCNN model_fn whose agent 1 stops its own process for 8 s once (mpca.bench.faults), once the
+    """A fresh SmallCNN model_fn whose agent 1 stops its own process for 8 s once (lab.faults), once the
     file ``after`` exists when given."""
-    from mpca.bench.faults import faulty
+    from lab.faults import faulty
 
     return faulty(small_cnn, "hang", after=after)
 
 
 def executor_killing_cnn_fn(after=None):
-    """A fresh SmallCNN model_fn whose agent 1 kills its executor's JVM once (mpca.bench.faults), once the file
+    """A fresh SmallCNN model_fn whose agent 1 kills its executor's JVM once (lab.faults), once the file
     ``after`` exists when given."""
-    from mpca.bench.faults import faulty
+    from lab.faults import faulty
 
     return faulty(small_cnn, "kill-executor", after=after)
 
@@ -117,19 +117,19 @@ def assert_replayed_handshake_refused(connect_raw, secret: bytes) -> None:
     server's fresh nonce makes the old MAC wrong, and a request sent after it gets no answer."""
     import json
 
-    from mpca.runtime.channel import NONCE_BYTES, PREFIX, _mac, _recv_exact
+    from mpca.runtime.channel import NONCE_BYTES, PREFIX, mac, recv_exact
 
     s1 = connect_raw()
-    server_nonce = bytes(_recv_exact(s1, NONCE_BYTES))
-    recorded = os.urandom(NONCE_BYTES) + _mac(secret, b"client", server_nonce)  # what a good client sent
+    server_nonce = bytes(recv_exact(s1, NONCE_BYTES))
+    recorded = os.urandom(NONCE_BYTES) + mac(secret, b"client", server_nonce)  # what a good client sent
     s1.sendall(recorded)
-    assert len(_recv_exact(s1, 32)) == 32  # the server's proof: that handshake went through
+    assert len(recv_exact(s1, 32)) == 32  # the server's proof: that handshake went through
     s1.close()
     s2 = connect_raw()
     s2.settimeout(5)
-    _recv_exact(s2, NONCE_BYTES)  # a new nonce
+    recv_exact(s2, NONCE_BYTES)  # a new nonce
     s2.sendall(recorded)  # replayed
-    _recv_exact(s2, 32)  # the server's own proof comes before it checks ours
+    recv_exact(s2, 32)  # the server's own proof comes before it checks ours
     hello = json.dumps({"op": "hello", "agent": 0}).encode()
     try:
         s2.sendall(PREFIX.pack(len(hello), 0) + hello)
@@ -150,3 +150,28 @@ class InProcessService:
     def request(self, header, payload):
         reply, values = self.server.serve(header["agent"], header, torch.from_numpy(np.asarray(payload).copy()))
         return reply, values.numpy().tobytes()
+
+
+def checkpoint_at(cycle, value=1.0):
+    """A small MPCA checkpoint of ``cycle``: a SmallCNN's state and one 3-value shard of ``value``."""
+    from mpca.checkpoint import Checkpoint
+
+    m = SmallCNN(8)
+    state = {"joint": [torch.full((3,), value)], "velocity": [torch.zeros(3)], "reductions": [cycle], "buf": None}
+    return Checkpoint(cycle=cycle, algorithm="mpca", driver_state=state, model_state=m.state_dict(),
+                      layout=[("a", 3, "torch.float32")], shards=1, wall_s=1.5)
+
+
+class TrackedFit:
+    """What trackers read of a finished fit (``Trackers.finish``)."""
+
+    class final:
+        error, loss = 0.02, 0.1
+
+    wall_s, cycles, stop_reason = 12.5, 40, "target"
+
+
+def tracked_rows():
+    """Three evaluation rows of a history as trackers get them (the last one's error NaN: not logged)."""
+    return [{"cycle": c, "holdout_error": e, "holdout_loss": 2 * e, "samples_per_s": 100.0, "epochs": c / 10,
+             "weight": {0: 3}} for c, e in [(5, 0.5), (10, 0.2), (15, float("nan"))]]

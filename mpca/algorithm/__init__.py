@@ -3,7 +3,7 @@
 Importing this package registers the built-in algorithms: ``mpca`` (default), ``single``, ``sync``,
 ``easgd``, ``diloco``, ``ddp``, Hermans' and Rudra's parameter-server families and ``weaksync`` (see :mod:`mpca.algorithm.base` for the seam they share).
 """
-from mpca.algorithm.base import AgentContext, AgentRule, Algorithm, DriverRule
+from mpca.algorithm.base import AgentContext, AgentRule, Algorithm, DriverRule, ServiceAgent
 from mpca.algorithm.joint import JointShard, MPCAHyper
 from mpca.algorithm.registry import build as build_algorithm
 from mpca.algorithm.registry import names as algorithm_names
@@ -35,5 +35,5 @@ __all__ = [
     "GammaSchedule", "JointShard", "MPCAHyper", "Segment", "ShardLayout", "TensorSpec", "WeightedSum",
     "algorithm_names", "blend", "build_algorithm", "compensated_pull_", "easgd_exchange_", "elastic_pull_",
     "exchanged_tensors", "extrapolate", "finish_reduction", "model_average", "nesterov_outer_step",
-    "reduction_weights", "register", "tau_weighted_reduce", "trajectory",
+    "reduction_weights", "register", "ServiceAgent", "tau_weighted_reduce", "trajectory",
 ]

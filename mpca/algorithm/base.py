@@ -28,6 +28,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, List, Literal, Optional, Tuple
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -103,15 +104,32 @@ class AgentRule:
     def close(self) -> None: ...
 
 
-class GradientPusher(AgentRule):
+class ServiceAgent(AgentRule):
+    """An agent rule of an agent-initiated algorithm (``exchange = "service"``): it calls the driver's parameter
+    service on its own clock with :meth:`call_service`, the one round trip every such rule uses."""
+
+    def __init__(self, ctx: AgentContext):
+        super().__init__(ctx)
+        if ctx.service is None:
+            raise ValueError(f"{type(self).__name__} needs the driver's parameter service")
+
+    def call_service(self, op: str, payload: torch.Tensor, **fields: Any) -> Tuple[Dict[str, Any], torch.Tensor]:
+        """Send ``payload`` (one model-sized vector) with a request ``op`` and the agent's counters (which the
+        driver turns into its report) plus ``fields``; the reply's header and vector (in ``payload``'s dtype).
+        The calling thread waits for the answer, as the algorithms' workers do."""
+        header = {**self.ctx.stats(), **fields, "op": op, "agent": self.ctx.agent_id}
+        values = payload.numpy()
+        reply, data = self.ctx.service.request(header, values)
+        return reply, torch.from_numpy(np.frombuffer(data, dtype=values.dtype).copy())
+
+
+class GradientPusher(ServiceAgent):
     """An agent rule that sends its mini-batch gradient to the parameter service (Rudra, PSP-SGD): the
     gradients of the exchanged tensors as one vector in the layout of shard 0 (zeros where a tensor has
     none, e.g. BatchNorm's running statistics)."""
 
     def __init__(self, ctx: AgentContext):
         super().__init__(ctx)
-        if ctx.service is None:
-            raise ValueError(f"{type(self).__name__} needs the driver's parameter service")
         from mpca.algorithm.sharding import exchanged_tensors
 
         n = len(ctx.shards.layout.specs)
@@ -142,7 +160,6 @@ class DriverRule:
     """The driver's side of an algorithm.  Holds the joint model (one vector per shard) and whatever else
     the algorithm keeps; everything it must survive a restart with goes through :meth:`state_dict`."""
 
-    min_cycle_interval_s: float = 0.0  # observation-only algorithms need not exchange as fast as possible
     deliver_before_yield: bool = False  # rounds: an agent's next contribution needs the delivery first
 
     def __init__(self, joint: List[torch.Tensor], agents: int):
@@ -158,8 +175,8 @@ class DriverRule:
         j = self.joint[shard]
         return j.numel() * j.element_size()
 
-    def reduce_shard(self, cycle: int) -> Optional[int]:
-        """The shard every agent yields in ``cycle`` (None: nothing is reduced)."""
+    def reduce_shard(self, cycle: int) -> int:
+        """The shard every agent yields in ``cycle`` (driver-initiated algorithms: ``exchange = "cycle"``)."""
         return cycle % self.num_shards
 
     def cycle_params(self, cycle: int) -> Params:
@@ -229,10 +246,20 @@ class Algorithm(BaseModel):
 
     name: str
     buffers: Literal["average", "local"] = Field("average", description="BatchNorm running stats: exchanged or kept")
-    min_cycle_interval_s: Optional[float] = Field(None, ge=0.0, description="throttle driver cycles (None: the "
-                                                  "algorithm's default, 0 for exchanging ones)")
-    exchange: ClassVar[str] = "cycle"  # "cycle" (driver-initiated) or "service" (agent-initiated)
+    min_cycle_interval_s: Optional[float] = Field(None, ge=0.0, description="at least this many seconds between "
+                                                  "the driver's cycles (None: the algorithm's default: 0, as fast "
+                                                  "as possible, where cycles exchange; 1 where they only observe)")
+    # how the algorithm exchanges, the one switch: "cycle" — the driver's cycles run one Spark job each that
+    # reduces and broadcasts (driver-initiated); "service" — agents call the driver's parameter service and the
+    # cycles only observe (agent-initiated)
+    exchange: ClassVar[Literal["cycle", "service"]] = "cycle"
+    default_cycle_interval_s: ClassVar[float] = 0.0
     summary: ClassVar[str] = ""
+
+    @property
+    def cycle_interval_s(self) -> float:
+        """Seconds at least between two driver cycles: ``min_cycle_interval_s``, or the algorithm's default."""
+        return self.default_cycle_interval_s if self.min_cycle_interval_s is None else self.min_cycle_interval_s
 
     @property
     def num_shards(self) -> int:

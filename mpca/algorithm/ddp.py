@@ -81,8 +81,8 @@ class DDPAgent(AgentRule):
 
 
 class DDPDriver(ObservingDriver):
-    def __init__(self, joint, agents, observe_every_s: float, timeout_s: float):
-        super().__init__(joint, agents, observe_every_s)
+    def __init__(self, joint, agents, timeout_s: float):
+        super().__init__(joint, agents)
         self.timeout_s = timeout_s
         self.store = None
 
@@ -105,7 +105,7 @@ class DDP(Algorithm):
 
     name: Literal["ddp"] = "ddp"
     summary = "gradients all-reduced every step (torch.distributed); replicas stay identical"
-    observe_every_s: float = Field(1.0, ge=0.0, description="seconds between the driver's snapshots")
+    default_cycle_interval_s = 1.0  # the driver's snapshots of the model, for evaluation and checkpoints
     timeout_s: float = Field(120.0, gt=0.0, description="rendezvous and collective timeout")
     verify_every: int = Field(0, ge=0, description="record a fingerprint of the model every n steps (tests)")
 
@@ -113,4 +113,4 @@ class DDP(Algorithm):
         return functools.partial(DDPAgent, timeout_s=self.timeout_s, verify_every=self.verify_every)
 
     def driver_rule(self, joint, agents):
-        return DDPDriver(joint, agents, self.observe_every_s, self.timeout_s)
+        return DDPDriver(joint, agents, self.timeout_s)

@@ -10,19 +10,16 @@ import collections
 import functools
 from typing import Literal, Optional
 
-import numpy as np
 import torch
 from pydantic import Field
 
-from mpca.algorithm.base import AgentRule, Algorithm, DriverRule
+from mpca.algorithm.base import Algorithm, DriverRule, ServiceAgent
 from mpca.algorithm.registry import register
 
 
-class EASGDAgent(AgentRule):
+class EASGDAgent(ServiceAgent):
     def __init__(self, ctx, every: int):
         super().__init__(ctx)
-        if ctx.service is None:
-            raise ValueError("asynchronous EASGD needs the driver's parameter service")
         self.every = every
         self.since = 0
         self.exchanges = 0
@@ -36,9 +33,7 @@ class EASGDAgent(AgentRule):
         shards = self.ctx.shards
         with self.ctx.lock:
             x = shards.read(0)
-        header = {"op": "easgd", "agent": self.ctx.agent_id, **self.ctx.stats()}
-        _, payload = self.ctx.service.request(header, x.numpy())  # the training thread waits, as in EASGD
-        d = torch.from_numpy(np.frombuffer(payload, dtype=x.numpy().dtype))
+        _, d = self.call_service("easgd", x)  # the training thread waits, as in EASGD
         with self.ctx.lock:
             torch._foreach_sub_(shards.views(0), shards.split(0, d))  # Eq. 2: x_i ← x_i − α (x_i − x̃)
         self.since = 0
@@ -55,9 +50,6 @@ class EASGDDriver(DriverRule):
         self.alpha = alpha
         self.exchanges = 0
         self.history = collections.deque(maxlen=self.HISTORY)  # agent ids in the order they were served
-
-    def reduce_shard(self, cycle):
-        return None  # nothing goes through Spark: the driver's cycles only observe
 
     def serve(self, agent, header, payload):
         x = self.model_sized(header, payload, "easgd")
@@ -82,6 +74,7 @@ class EASGD(Algorithm):
 
     name: Literal["easgd"] = "easgd"
     exchange = "service"
+    default_cycle_interval_s = 1.0  # the driver's cycles only observe the service's latest reports
     summary = "every τ local steps each agent exchanges α(x_i − x̃) with the driver's parameter service"
     every: int = Field(10, ge=1, description="τ: local steps between an agent's exchanges")
     alpha: Optional[float] = Field(None, gt=0.0, le=1.0, description="elastic coefficient; default 0.9 / agents")

@@ -26,11 +26,10 @@ import collections
 import functools
 from typing import Dict, List, Literal, Optional
 
-import numpy as np
 import torch
 from pydantic import Field
 
-from mpca.algorithm.base import AgentRule, Algorithm, DriverRule, RunningMean
+from mpca.algorithm.base import Algorithm, DriverRule, RunningMean, ServiceAgent
 from mpca.algorithm.easgd import EASGD
 from mpca.algorithm.registry import register
 
@@ -55,13 +54,11 @@ def server_update(variant: str, center: torch.Tensor, delta: torch.Tensor, steps
     raise ValueError(f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}")
 
 
-class CommitAgent(AgentRule):
+class CommitAgent(ServiceAgent):
     """Every λ steps: commit Δ = x_i − x_pull, then pull the centre the server answers."""
 
     def __init__(self, ctx, every: int):
         super().__init__(ctx)
-        if ctx.service is None:
-            raise ValueError("these parameter-server algorithms need the driver's parameter service")
         self.every = every
         self.since = 0
         self.commits = 0
@@ -78,9 +75,7 @@ class CommitAgent(AgentRule):
         with self.ctx.lock:
             delta = shards.read(0) - self.pulled
         # "accumulated": the steps in this commit (the agent's counters carry its total "steps")
-        header = {**self.ctx.stats(), "op": "commit", "agent": self.ctx.agent_id, "accumulated": self.since}
-        _, payload = self.ctx.service.request(header, delta.numpy())  # waits for the centre, as the worker does
-        center = torch.from_numpy(np.frombuffer(payload, dtype=delta.numpy().dtype).copy())
+        _, center = self.call_service("commit", delta, accumulated=self.since)  # waits, as the worker does
         with self.ctx.lock:
             shards.write(0, center)  # pull
         self.pulled = center
@@ -106,9 +101,6 @@ class CommitServer(DriverRule):
                                                  if variant == "adag" else {})
         self.history = collections.deque(maxlen=self.HISTORY)  # (agent, staleness) per commit
         self._staleness = RunningMean()
-
-    def reduce_shard(self, cycle):
-        return None  # nothing goes through Spark: the driver's cycles only observe
 
     def serve(self, agent, header, payload):
         delta = self.model_sized(header, payload, "commit")
@@ -143,6 +135,7 @@ class CommitServer(DriverRule):
 
 class _Commit(Algorithm):
     exchange = "service"
+    default_cycle_interval_s = 1.0  # the driver's cycles only observe the service's latest reports
     every: int = Field(1, ge=1, description="λ: local steps between a worker's commits")
 
     def agent_factory(self):

@@ -39,11 +39,8 @@ class RudraLearner(GradientPusher):
         self._pulled: Optional[torch.Tensor] = None
 
     def after_backward(self) -> None:
-        header = {**self.ctx.stats(), "op": "push", "agent": self.ctx.agent_id, "ts": self.ts}
-        grad = self.gradient()
-        reply, payload = self.ctx.service.request(header, grad.numpy())
+        reply, self._pulled = self.call_service("push", self.gradient(), ts=self.ts)
         self.ts = int(reply["ts"])
-        self._pulled = torch.from_numpy(np.frombuffer(payload, dtype=grad.numpy().dtype).copy())
         self.pushes += 1
 
     def after_step(self) -> None:
@@ -75,9 +72,6 @@ class RudraServer(DriverRule):
         self.stopping = False
         self._sigma = RunningMean()
         self._lr = self.lr  # the last update's learning rate
-
-    def reduce_shard(self, cycle):
-        return None
 
     def _apply(self) -> None:
         """One update from the pending gradients (lock held): θ ← θ − α · mean(g)."""
@@ -133,6 +127,7 @@ class RudraServer(DriverRule):
 
 class _Rudra(Algorithm):
     exchange = "service"
+    default_cycle_interval_s = 1.0  # the driver's cycles only observe the service's latest reports
     lr: float = Field(0.05, gt=0.0, description="α0: the server's SGD learning rate")
     batch_size: int = Field(32, ge=1, description="μ: the learners' mini-batch (for hardsync's √(λμ/B))")
     reference_batch: int = Field(128, ge=1, description="B: the reference model's batch (hardsync)")

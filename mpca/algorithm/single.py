@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
-
 from mpca.algorithm.base import AgentRule, Algorithm, DriverRule
 from mpca.algorithm.registry import register
 from mpca.algorithm.rules import finish_reduction
@@ -13,10 +11,6 @@ from mpca.algorithm.rules import finish_reduction
 
 class ObservingDriver(DriverRule):
     """Keeps the (weighted) mean of the agents' models as the joint model and broadcasts nothing."""
-
-    def __init__(self, joint, agents, observe_every_s: float):
-        super().__init__(joint, agents)
-        self.min_cycle_interval_s = observe_every_s
 
     def on_reduced(self, cycle, shard, partial):
         with self.lock:
@@ -30,7 +24,7 @@ class Single(Algorithm):
 
     name: Literal["single"] = "single"
     summary = "one agent, no exchange (the driver only observes its model)"
-    observe_every_s: float = Field(1.0, ge=0.0, description="seconds between the driver's snapshots")
+    default_cycle_interval_s = 1.0  # the driver's snapshots of the model, for evaluation and checkpoints
 
     def check_agents(self, agents):
         if agents != 1:
@@ -40,4 +34,4 @@ class Single(Algorithm):
         return AgentRule
 
     def driver_rule(self, joint, agents):
-        return ObservingDriver(joint, agents, self.observe_every_s)
+        return ObservingDriver(joint, agents)

@@ -74,12 +74,9 @@ class WeakSyncWorker(GradientPusher):
         # started or reset from — the server's at that moment, also after a resume or a rejoin)
 
     def after_backward(self) -> None:
-        grad = self.gradient()
-        header = {**self.ctx.stats(), "op": "push", "agent": self.ctx.agent_id, "ts": self.have}
-        reply, payload = self.ctx.service.request(header, grad.numpy())
+        reply, values = self.call_service("push", self.gradient(), ts=self.have)
         if self.have is None:
             self.have = list(reply["base"])
-        values = torch.from_numpy(np.frombuffer(payload, dtype=grad.numpy().dtype).copy())
         at = 0
         for i, ts in zip(reply["blocks"], reply["ts"]):
             lo, hi = self.bounds[i]
@@ -122,9 +119,6 @@ class BlockServer(DriverRule):
         self.history = collections.deque(maxlen=self.HISTORY)  # (block, its new timestamp, d)
         self._d = RunningMean()
         self._dropped_seen = 0
-
-    def reduce_shard(self, cycle):
-        return None  # nothing goes through Spark: the driver's cycles only observe
 
     def _update(self, i: int, now: float) -> None:
         """Line 13: wᵢ ← wᵢ − d·η·(gᵢ/d) = wᵢ − η·gᵢ, and a new timestamp (lock held)."""
@@ -229,6 +223,7 @@ class WeakSync(Algorithm):
 
     name: Literal["weaksync"] = "weaksync"
     exchange = "service"
+    default_cycle_interval_s = 1.0  # the driver's cycles only observe the service's latest reports
     summary = "weak synchronization (PSP-SGD): an iteration after c gradients + τ1, workers go on after b of the blocks + τ2"
     lr: float = Field(0.02, gt=0.0, description="η: the server's step per gradient (the step is d·η·mean)")
     blocks: int = Field(4, ge=1, le=MAX_BLOCKS, description="P: parameter blocks, each with its own timestamp")

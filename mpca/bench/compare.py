@@ -17,8 +17,9 @@ target, final error, bytes moved, duty cycle, the agents' samples/s, the cores e
 (:mod:`mpca.bench.cpu_profile`: what limits a run on a shared machine), the algorithm's own figures such as Rudra's mean staleness
 or weak synchronization's dropped gradients; for the run: network, communication/computation ratio of
 one model exchange, cycle overlap), ``compare.png`` (error against wall time) and each run's history.
-``--network`` runs everything on the emulated cluster of :mod:`mpca.bench.netcluster` when this machine
-allows it (root, network namespaces), else on local-cluster, labelled as such.  ``--device-step T`` gives
+``--network`` runs everything on the emulated cluster of the repository's lab harness (``lab/netcluster.py`` of
+a checkout, :mod:`mpca.bench.emulated_cluster`) when it is at hand and this machine allows it (root, network
+namespaces, ``ip``/``tc``), else on local-cluster, labelled as such.  ``--device-step T`` gives
 every agent an emulated device (:mod:`mpca.bench.emulation`): each training step takes T, for every
 algorithm; a run where agents fell behind T or the machine was saturated is marked INVALID in the table.
 ``--regime`` names a communication/computation ratio of the paper's Table 1 (:mod:`mpca.bench.regimes`:
@@ -33,7 +34,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
 import statistics
 import sys
 from typing import Dict, List, Optional
@@ -138,7 +138,7 @@ def _traffic(fit) -> int:
     spark = totals.bytes_up + totals.bytes_down
     p2p = sum(int((r.extra or {}).get("wire_bytes", 0)) for r in fit.timeline.cycles[-1].agents.values()) \
         if fit.timeline.cycles else 0  # cumulative counts: the last cycle's
-    return spark + int(fit.extra.get("service_bytes", 0)) + p2p
+    return spark + fit.counters.service_bytes + p2p
 
 
 def _duty(fit) -> float:
@@ -172,7 +172,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
             straggler=None) -> dict:
     from mpca.bench.cpu_profile import CpuProfile
     from mpca.bench.emulation import device_check
-    from mpca.bench.straggler import slowed
+    from mpca.bench.straggler import straggle
     from mpca.config import settings_from
     from mpca.models import training_functions
     from mpca.trainer import Trainer
@@ -187,7 +187,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
     model_fn, loss_fn, optimizer_fn = training_functions(cfg.model, cfg.optimizer)
     slow = straggler is not None and not label.startswith("mpca:uncontested")
     if slow:
-        optimizer_fn = slowed(optimizer_fn, *straggler)
+        settings, optimizer_fn = straggle(settings, optimizer_fn, *straggler)
     print(f"--- {label}: {settings.training.agents} agent(s), up to {max_seconds:.0f}s"
           + (f", agent {straggler[0]} at {straggler[1]:g}x speed" if slow else ""), flush=True)
     profile = CpuProfile.for_spark(spark).start()
@@ -411,7 +411,7 @@ def _session(cfg, network: str):
     """The Spark session: the emulated cluster's master when this process runs inside one, else the
     configured one (``existing``: spark-submit spark_jobs/benchmark.py compare ..., its cluster and network;
     or a local-cluster)."""
-    from mpca.bench.netcluster import session_in_cluster
+    from mpca.bench.emulated_cluster import session_in_cluster
     from mpca.runtime.cluster import session_for
 
     conf = {"spark.ui.showConsoleProgress": "false"}  # the benchmark prints its own lines
@@ -425,7 +425,8 @@ def _session(cfg, network: str):
         f"local-cluster on one machine (no {network} emulation here)"
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, nested: bool = False) -> int:
+    """``nested``: one K of this process's ``--agents`` sweep (an emulated cluster runs as a child of it)."""
     ap = argparse.ArgumentParser(prog="mpca bench compare", description=__doc__.splitlines()[0])
     ap.add_argument("-c", "--config", action="append", default=[], help=f"job YAML (default {DEFAULT_CONFIG})")
     ap.add_argument("--algorithms", default="mpca,sync,easgd,diloco,ddp,single")
@@ -468,7 +469,7 @@ def main(argv=None) -> int:
             raise UserError(f"--agents takes numbers like 1,2,4,8, got {args.agents!r}") from None
         if not ks or min(ks) < 1:
             raise UserError(f"--agents takes numbers >= 1, got {args.agents!r}")
-        return run_sweep(main, argv, ks, args.out)
+        return run_sweep(lambda k_argv: main(k_argv, nested=True), argv, ks, args.out)
     regime = None
     if args.regime:
         from mpca.bench.regimes import regime as named
@@ -484,11 +485,11 @@ def main(argv=None) -> int:
         raise UserError("--tune needs a --regime (its grid is built from the regime's communication/computation "
                         "ratio)")
     if args.network != "none":
-        from mpca.bench.netcluster import NetClusterError, rate_bits
+        from mpca.bench.emulated_cluster import rate_bits
 
         try:
             rate_bits(args.network)
-        except NetClusterError as e:
+        except UserError as e:
             raise UserError(f"--network: {e}") from None
     if args.device_step is not None:
         if not args.device_step > 0:
@@ -521,21 +522,19 @@ def main(argv=None) -> int:
     if not targets or not all(0 < t < 1 for t in targets) or args.repeats < 1 or args.max_seconds <= 0:
         raise UserError("--targets must lie in (0, 1), --repeats >= 1 and --max-seconds > 0")
     cfg = load_config(args.config or [DEFAULT_CONFIG], args.overrides)
-    if args.network != "none" and not os.environ.get("MPCA_SPARK_MASTER"):
-        from mpca.bench import netcluster
+    if args.network != "none":
+        from mpca.bench import emulated_cluster
 
-        ok, why = netcluster.available()
-        if ok:  # run this same command again inside the emulated cluster; SIGTERM/SIGHUP tear it down too
-            try:
-                with netcluster.handle_signals(), \
-                        netcluster.NetCluster(workers=cfg.training.agents, link=args.network) as nc:
-                    return nc.run_in_driver([sys.executable, "-m", "mpca.bench.compare", *argv])
-            except (netcluster.Stopped, KeyboardInterrupt) as e:
-                signum = getattr(e, "signum", signal.SIGINT)
-                print(f"mpca bench compare: stopped by {signal.Signals(signum).name}; emulated cluster torn down",
-                      file=sys.stderr, flush=True)
-                return 128 + signum
-        print(f"mpca bench compare: {why}; falling back to local-cluster (results labelled as such)", file=sys.stderr)
+        if not emulated_cluster.inside():
+            # this same command again, inside an emulated cluster (lab/netcluster.py as a process: this one becomes
+            # it, so SIGTERM/SIGHUP/Ctrl-C tear the cluster down; one K of an --agents sweep runs it as a child)
+            rc, why = emulated_cluster.run_inside(cfg.training.agents, args.network,
+                                                  [sys.executable, "-m", "mpca.bench.compare", *argv],
+                                                  replace=not nested)
+            if rc is not None:
+                return rc
+            print(f"mpca bench compare: {why}; falling back to local-cluster (results labelled as such)",
+                  file=sys.stderr)
     spark, network = _session(cfg, args.network)
     try:
         compare(spark, cfg, labels, targets, args.max_seconds, args.repeats, args.out, network, straggler, variants,

@@ -2,10 +2,10 @@
 
 The paper's Table 1 gives the communication/computation ratio of one model exchange on Gigabit Ethernet:
 ≈ 12 for ResNet-110 and ≈ 100 for VGG-A.  On this machine a regime is set by two knobs of the emulation:
-the emulated link rate of every host (:mod:`mpca.bench.netcluster`) and the emulated device's step time T
-(:mod:`mpca.bench.emulation`).  The ratio a run really had is measured (``compare.json``:
-``comm_comp_ratio``, the median cycle × S × steps/s) and printed beside the regime's nominal one: the link
-and T below were calibrated with 4 agents on the default task (``conf/teacher_mlp.yaml``, 1.13 M
+the emulated link rate of every host (the repository's lab/netcluster.py, :mod:`mpca.bench.emulated_cluster`)
+and the emulated device's step time T (:mod:`mpca.bench.emulation`).  The ratio a run really had is measured
+(``compare.json``: ``comm_comp_ratio``, the median cycle × S × steps/s) and printed beside the regime's nominal
+one: the link and T below were calibrated with 4 agents on the default task (``conf/teacher_mlp.yaml``, 1.13 M
 parameters), and another model, K or machine moves the measured ratio.
 """
 from __future__ import annotations

@@ -4,10 +4,10 @@
 ``agent`` only, sleep after every step so that the agent's steps take ``1 / speed`` times as long as they
 would (``speed = 0.5``: half speed).  The driver and every other agent get the optimizer unchanged.
 
-With emulated devices (``training.device_step_s`` = T) the straggler is a slower device instead: the agent
-reads ``device_speed`` off its optimizer and waits out T / speed per step (:class:`mpca.runtime.agent.DeviceClock`),
-and the optimizer stops sleeping itself — its sleep would count as the step's compute, make every step late
-and be absorbed by the padding (the agent would not be slowed at all).
+With emulated devices (``training.device_step_s`` = T) the straggler is a slower device instead
+(:func:`straggle` sets ``training.device_speed``; the agent waits out T / speed per step, see
+:class:`mpca.runtime.agent.DeviceClock`) and the optimizer is left alone — a sleeping optimizer would count
+as the step's compute, make every step late and be absorbed by the padding (the agent would not be slowed).
 """
 from __future__ import annotations
 
@@ -16,21 +16,17 @@ import time
 from typing import Callable
 
 
-class _Slowed:
-    """Delegates to the real optimizer; ``step`` stretches the time since the previous step, unless an
-    emulated device runs the steps (``on_device``, set by the agent), which is then ``device_speed`` × as fast."""
+class SlowedOptimizer:
+    """Delegates to the real optimizer; ``step`` stretches the time since the previous step to 1 / speed."""
 
     def __init__(self, inner, speed: float):
-        self._inner, self.device_speed, self._mark = inner, speed, None
-        self.on_device = False
+        self._inner, self._speed, self._mark = inner, speed, None
 
     def step(self, *args, **kwargs):
         out = self._inner.step(*args, **kwargs)
-        if self.on_device:
-            return out
         now = time.perf_counter()
         if self._mark is not None:
-            time.sleep((1.0 / self.device_speed - 1.0) * (now - self._mark))
+            time.sleep((1.0 / self._speed - 1.0) * (now - self._mark))
         self._mark = time.perf_counter()
         return out
 
@@ -43,13 +39,24 @@ def _build(optimizer_fn: Callable, agent: int, speed: float, params):
 
     opt = optimizer_fn(params)
     tc = TaskContext.get()
-    return _Slowed(opt, speed) if tc is not None and tc.partitionId() == agent else opt
+    return SlowedOptimizer(opt, speed) if tc is not None and tc.partitionId() == agent else opt
 
 
 def slowed(optimizer_fn: Callable, agent: int, speed: float) -> Callable:
     if not 0.0 < speed <= 1.0 or agent < 0:
         raise ValueError(f"a straggler needs an agent >= 0 and a speed in (0, 1], got {agent}:{speed}")
     return functools.partial(_build, optimizer_fn, agent, speed)
+
+
+def straggle(settings, optimizer_fn: Callable, agent: int, speed: float):
+    """``settings`` and ``optimizer_fn`` with agent ``agent`` at ``speed``: a slower emulated device where the
+    settings emulate devices (``training.device_speed``), else a sleeping optimizer (:func:`slowed`)."""
+    if settings.training.device_step_s is None:
+        return settings, slowed(optimizer_fn, agent, speed)
+    if not 0.0 < speed <= 1.0 or agent < 0:
+        raise ValueError(f"a straggler needs an agent >= 0 and a speed in (0, 1], got {agent}:{speed}")
+    training = settings.training.model_copy(update={"device_speed": {agent: speed}})
+    return settings.model_copy(update={"training": training}), optimizer_fn
 
 
 def parse(text: str):

@@ -30,7 +30,7 @@ from mpca.errors import UserError
 from mpca.ml.spec import ModelSpec, load_model, save_model
 
 
-def _json_object(text: str, name: str) -> Dict[str, Any]:
+def json_object(text: str, name: str) -> Dict[str, Any]:
     try:
         value = json.loads(text or "{}")
     except ValueError as e:
@@ -53,7 +53,7 @@ class _TorchModelParams(HasFeaturesCol, HasPredictionCol):
         if not self.isDefined(self.modelTarget):
             raise UserError("set modelTarget='package.module:callable' (the function or class building the model)")
         return ModelSpec(self.getOrDefault(self.modelTarget),
-                         _json_object(self.getOrDefault(self.modelKwargs), "modelKwargs"))
+                         json_object(self.getOrDefault(self.modelKwargs), "modelKwargs"))
 
 
 class TorchClassifier(Estimator, _TorchModelParams, HasLabelCol, DefaultParamsReadable, DefaultParamsWritable):
@@ -83,12 +83,12 @@ class TorchClassifier(Estimator, _TorchModelParams, HasLabelCol, DefaultParamsRe
 
         spec = self.spec()
         algo = self.getOrDefault(self.algorithm)
-        algorithm = _json_object(algo, "algorithm") if algo.strip().startswith("{") else algo
+        algorithm = json_object(algo, "algorithm") if algo.strip().startswith("{") else algo
         opt = self.getOrDefault(self.optimizer)
         if opt not in ("adam", "adamw", "sgd"):
             raise UserError(f"optimizer must be adam, adamw or sgd, got {opt!r}")
         options = {"algorithm": algorithm, "features": self.getFeaturesCol(), "label": self.getLabelCol(),
-                   **_json_object(self.getOrDefault(self.settings), "settings")}
+                   **json_object(self.getOrDefault(self.settings), "settings")}
         if self.isDefined(self.inputShape):
             options["input_shape"] = tuple(self.getOrDefault(self.inputShape))
         fit = Trainer(spec.model_fn(), cross_entropy,

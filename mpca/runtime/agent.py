@@ -23,7 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from mpca.algorithm import AgentContext, AgentRule, ShardLayout
+from mpca.algorithm import AgentContext, AgentRule, Algorithm, ShardLayout, build_algorithm
+from mpca.config import DataSection, TrainingSection
 from mpca.data.checks import label_counts
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError, listen
@@ -36,7 +37,9 @@ MAX_CONNECTIONS = 64  # exchange tasks hold a few per agent at once
 
 @dataclass
 class AgentSpec:
-    """Everything an agent needs, shipped to executors with cloudpickle inside the task closure."""
+    """Everything an agent needs, shipped to executors with cloudpickle inside the task closure: the run's
+    identity, the user's functions, the model's layout and starting point, and the settings' own sections
+    (``algorithm``, ``training``, ``data``) as the user gave them."""
 
     run_id: str
     secret: bytes = field(repr=False)  # never in a log line or an error message
@@ -45,20 +48,19 @@ class AgentSpec:
     optimizer_fn: Callable[[Any], torch.optim.Optimizer]
     layout: ShardLayout
     init_state: Dict[str, np.ndarray]
-    rule_factory: Callable[[AgentContext], AgentRule] = AgentRule  # the algorithm's agent side
-    agents: int = 1
-    buffers: str = "average"
-    batch_size: int = 64
-    input_shape: tuple = ()
+    algorithm: Algorithm = field(default_factory=lambda: build_algorithm("single"))  # its agent rule, buffers
+    training: TrainingSection = field(default_factory=TrainingSection)  # agents, batch size, pinning, device
+    data: DataSection = field(default_factory=DataSection)  # input shape, memory budget
     seed: int = 0
     idle_timeout_s: float = 300.0
     max_payload: int = 8 * 1024 ** 3
     service: Optional[Tuple[str, int]] = None  # the driver's parameter service, for agent-initiated algorithms
     rendezvous: Dict[str, Any] = field(default_factory=dict)
-    cpus: Optional[List[int]] = None  # pin the training thread to these CPUs
-    join_on_retry: bool = True  # a retried agent task waits for the driver's joint model (driver-run exchange)
-    agent_memory_mb: Optional[float] = None  # a partition larger than this spills to local disk (data.agent_memory_mb)
-    device_step_s: Optional[float] = None  # emulated accelerator: every step takes this wall time (benchmarks)
+
+    @property
+    def join_on_retry(self) -> bool:
+        """A retried agent task waits for the driver's joint model (driver-initiated exchange)."""
+        return self.algorithm.exchange == "cycle"
 
 
 class DeviceClock:
@@ -136,7 +138,7 @@ class Agent:
         load_state(self.model, spec.init_state)  # every agent starts from the driver's joint model
         self.model.to(self.device)
         self.optimizer = spec.optimizer_fn(self.model.parameters())
-        self.shards = spec.layout.bind_module(self.model, spec.buffers)
+        self.shards = spec.layout.bind_module(self.model, spec.algorithm.buffers)
         self.data_on_host = data_on_host  # memory-mapped from local disk: batches move to the device one by one
         self.features = features if data_on_host else features.to(self.device)
         self.label_counts = label_counts(labels)  # before the move to the device
@@ -147,7 +149,7 @@ class Agent:
         self.steps = 0
         self.samples = 0
         self.exchange_s = 0.0  # time the training loop spent in the rule's communicating hooks (not computing)
-        self.device_clock = DeviceClock(self._device_step_s(spec.device_step_s))  # real compute; emulated idle time
+        self.device_clock = DeviceClock(self._device_step_s(spec.training))  # real compute; emulated idle time
         self.last_loss = float("nan")
         self.claimed_tokens = collections.deque(maxlen=64)  # one claim per token (a cycle has a token per task kind)
         self.last_contact = time.time()
@@ -162,11 +164,11 @@ class Agent:
 
             host, port = spec.service
             self.service = ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload)
-        ctx = AgentContext(agent_id=agent_id, agents=spec.agents, model=self.model, optimizer=self.optimizer,
+        ctx = AgentContext(agent_id=agent_id, agents=spec.training.agents, model=self.model, optimizer=self.optimizer,
                            shards=self.shards, device=self.device, rows=int(features.shape[0]), service=self.service,
                            rendezvous=dict(spec.rendezvous), lock=self.lock, stats=self._counters,
                            stopping=lambda: self.stop_requested)
-        self.rule: AgentRule = spec.rule_factory(ctx)
+        self.rule: AgentRule = spec.algorithm.agent_factory()(ctx)
         self._anchor = [[v.detach().clone() for v in self.shards.views(s)] for s in range(spec.layout.num_shards)]
         self.resets = 0
         self._delivered_cycle = [-1] * spec.layout.num_shards  # sequence numbers: older deliveries are ignored
@@ -178,22 +180,20 @@ class Agent:
     def _should_stop(self) -> bool:
         return self.rule.should_stop(self.stop_requested)
 
-    def _device_step_s(self, step_s: Optional[float]) -> Optional[float]:
-        """The emulated device's step time: T, or T / speed for a benchmark's straggler (an optimizer with a
-        ``device_speed``, :mod:`mpca.bench.straggler`), whose own sleeping then stops."""
-        speed = getattr(self.optimizer, "device_speed", 1.0)
-        if step_s is None or speed == 1.0:
-            return step_s
-        self.optimizer.on_device = True
-        return step_s / speed
+    def _device_step_s(self, training: TrainingSection) -> Optional[float]:
+        """The emulated device's step time: T (``training.device_step_s``), or T / speed for an agent whose
+        device is slower (``training.device_speed``, a benchmark's straggler)."""
+        if training.device_step_s is None:
+            return None
+        return training.device_step_s / training.device_speed.get(self.id, 1.0)
 
     def train_forever(self) -> None:
         n = self.features.shape[0]
         gen = torch.Generator().manual_seed(self.spec.seed + 7919 * self.id)
-        bs = self.spec.batch_size
+        bs = self.spec.training.batch_size
         self.model.train()
-        if self.spec.cpus:
-            os.sched_setaffinity(0, self.spec.cpus)  # on Linux: this (training) thread only
+        if self.spec.training.agent_cpus:
+            os.sched_setaffinity(0, self.spec.training.agent_cpus)  # on Linux: this (training) thread only
         try:
             while self.joining and not self._should_stop():  # a replacement: no steps before the joint model
                 time.sleep(0.02)

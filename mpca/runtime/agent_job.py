@@ -40,7 +40,7 @@ def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.
     torch.set_num_threads(max(1, tc.cpus()))
     part = None
     try:
-        part = load_partition(batches, features, label, spec.input_shape, spec.agent_memory_mb)
+        part = load_partition(batches, features, label, spec.data.input_shape, spec.data.agent_memory_mb)
         # a retry within the stage attempt is a replacement; one in a resubmitted stage (lost shuffle input)
         # restarts at attempt 0, and the driver recognises it by its new process (see ExchangePlan.pids)
         summary = run_agent(spec, agent_id, part.features, part.labels, gpus, attempt=tc.attemptNumber(),

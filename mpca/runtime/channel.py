@@ -37,7 +37,7 @@ class FrameError(ChannelError):
     opposed to an early close; the stream can no longer be trusted and must be dropped."""
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -49,7 +49,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def _mac(secret: bytes, role: bytes, nonce: bytes) -> bytes:
+def mac(secret: bytes, role: bytes, nonce: bytes) -> bytes:
     return hmac.new(secret, role + nonce, hashlib.sha256).digest()
 
 
@@ -66,10 +66,10 @@ class Channel:
         self.sock.settimeout(min(timeout, AUTH_TIMEOUT_S))
         mine = os.urandom(NONCE_BYTES)
         self.sock.sendall(mine)
-        theirs = bytes(_recv_exact(self.sock, NONCE_BYTES))
-        self.sock.sendall(_mac(secret, i_am, theirs))
-        proof = bytes(_recv_exact(self.sock, 32))
-        if not hmac.compare_digest(proof, _mac(secret, peer_is, mine)):
+        theirs = bytes(recv_exact(self.sock, NONCE_BYTES))
+        self.sock.sendall(mac(secret, i_am, theirs))
+        proof = bytes(recv_exact(self.sock, 32))
+        if not hmac.compare_digest(proof, mac(secret, peer_is, mine)):
             raise ChannelError("channel authentication failed: the peer does not hold this run's secret")
         self.sock.settimeout(None)
 
@@ -126,18 +126,18 @@ class Channel:
 
     def recv(self, timeout: Optional[float] = None) -> Tuple[dict, bytearray]:
         self.sock.settimeout(timeout)
-        hlen, plen = PREFIX.unpack(bytes(_recv_exact(self.sock, PREFIX.size)))
+        hlen, plen = PREFIX.unpack(bytes(recv_exact(self.sock, PREFIX.size)))
         if hlen > MAX_HEADER:
             raise FrameError(f"refusing a header of {hlen} bytes (limit {MAX_HEADER})")
         if plen > self.max_payload:
             raise FrameError(f"refusing a payload of {plen} bytes (limit {self.max_payload})")
         try:
-            header = json.loads(bytes(_recv_exact(self.sock, hlen)).decode())
+            header = json.loads(bytes(recv_exact(self.sock, hlen)).decode())
         except (UnicodeDecodeError, ValueError) as e:
             raise FrameError(f"malformed header: {e}") from None
         if not isinstance(header, dict):
             raise FrameError("malformed header: not a JSON object")
-        payload = _recv_exact(self.sock, plen) if plen else bytearray()
+        payload = recv_exact(self.sock, plen) if plen else bytearray()
         return header, payload
 
     def request(self, header: dict, payload=None, timeout: Optional[float] = None) -> Tuple[dict, bytearray]:

@@ -110,7 +110,7 @@ def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app
     for k, v in conf.items():
         b = b.config(k, v)
     spark = b.getOrCreate()
-    _watch_driver_jvm(spark)
+    watch_driver_jvm(spark)
     return spark
 
 
@@ -129,7 +129,7 @@ def session_for(cluster, app_name: str, conf: Optional[Dict[str, str]] = None) -
     return spark, True
 
 
-def _watch_driver_jvm(spark) -> None:
+def watch_driver_jvm(spark) -> None:
     """A local cluster must not outlive this Python driver: if it dies without stopping Spark (kill -9, OOM
     killer), a detached watchdog asks the driver's JVM — which holds the local cluster and its executors —
     to terminate, and kills it 20 s later if its shutdown hooks hang (seen on 2 shared cores).  The watchdog

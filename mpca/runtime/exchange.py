@@ -31,6 +31,7 @@ import numpy as np
 from mpca.algorithm.rules import WeightedSum
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError
+from mpca.runtime.record import ExchangeRecord
 from mpca.runtime.reports import AgentReport
 
 
@@ -53,7 +54,7 @@ class ExchangePlan:
     wire_dtype: str = "float32"
     timeout_s: float = 120.0
     wait_for_agent_s: float = 0.0  # how long to wait for an agent socket to appear (agents still starting)
-    claim_timeout_s: float = 10.0  # how long a silent agent may keep a task waiting (the cycle's bounded wait)
+    agent_wait_s: float = 10.0  # how long a silent agent may keep a task waiting (cluster.agent_wait_s)
     only_agents: Optional[Tuple[int, ...]] = None  # claim only these agents (None: any of the run)
     absent: Tuple[int, ...] = ()  # agents the driver counts as hung or lost: tried last, with a short wait
     counted: Optional[Dict[int, Tuple[int, ...]]] = None  # per agent, recent cycles whose contribution counted
@@ -63,38 +64,15 @@ class ExchangePlan:
         return agent is not None and (self.only_agents is None or agent in self.only_agents)
 
 
-def empty_record() -> Dict[str, Any]:
-    """``agents``: reports of agents that answered a reduce (or control) task; ``delivered``: of agents
-    handed the broadcast."""
-    return {"partial": WeightedSum(None, 0.0), "agents": {}, "delivered": {}, "misplaced": [], "duplicates": []}
-
-
-def _union(a: Dict[int, Any], b: Dict[int, Any], dups: list) -> Dict[int, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        if k in out:
-            dups.append(k)
-        out[k] = v
-    return out
-
-
-def merge_records(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
-    """Associative merge used by treeReduce: sums the Eq. 9 partials and unions the agent reports."""
-    dups = list(a["duplicates"]) + list(b["duplicates"])
-    return {"partial": a["partial"].combine(b["partial"]), "agents": _union(a["agents"], b["agents"], dups),
-            "delivered": _union(a["delivered"], b["delivered"], dups),
-            "misplaced": list(a["misplaced"]) + list(b["misplaced"]), "duplicates": dups}
-
-
 def _claim(plan: ExchangePlan):
     """Connect to an agent of this executor that has not answered ``plan.token`` yet.  A silent agent (hung,
-    e.g. SIGSTOP) holds the task at most ``claim_timeout_s`` (absent ones ``ABSENT_CLAIM_S``)."""
+    e.g. SIGSTOP) holds the task at most ``agent_wait_s`` (absent ones ``ABSENT_CLAIM_S``)."""
     deadline = time.time() + plan.wait_for_agent_s
     while True:
         sockets = [p for p in placement.agent_sockets_here(plan.run_id) if plan.wants(placement.agent_of_socket(p))]
         sockets.sort(key=lambda p: placement.agent_of_socket(p) in plan.absent)
         for path in sockets:
-            wait = ABSENT_CLAIM_S if placement.agent_of_socket(path) in plan.absent else plan.claim_timeout_s
+            wait = ABSENT_CLAIM_S if placement.agent_of_socket(path) in plan.absent else plan.agent_wait_s
             try:
                 ch = Channel.connect(path, plan.secret, timeout=wait)
             except (OSError, ChannelError):
@@ -124,7 +102,7 @@ def _deliver(plan: ExchangePlan, ch: Channel, bcast, entry: AgentReport) -> None
     entry.t_bc = time.time()
 
 
-def _yield(plan: ExchangePlan, ch: Channel, entry: AgentReport, rec: Dict[str, Any]) -> None:
+def _yield(plan: ExchangePlan, ch: Channel, entry: AgentReport, rec: ExchangeRecord) -> None:
     """Ask the claimed agent for its shard and weight (the YieldContext)."""
     counted = (plan.counted or {}).get(entry.agent)
     known = (plan.pids or {}).get(entry.agent)
@@ -136,11 +114,11 @@ def _yield(plan: ExchangePlan, ch: Channel, entry: AgentReport, rec: Dict[str, A
     if "agent" not in header:  # the agent answered with an error instead of its shard
         entry.error = f"agent {entry.agent} could not yield shard {plan.reduce_shard}: {header.get('error')}"
         return
-    rec["partial"] = WeightedSum.of(np.frombuffer(payload, dtype=plan.wire_dtype), float(header["weight"]))
+    rec.partial = WeightedSum.of(np.frombuffer(payload, dtype=plan.wire_dtype), float(header["weight"]))
     entry.update(header)
 
 
-def _run_niced(fn, *args):
+def run_niced(fn, *args):
     """Run ``fn`` in a thread of lower CPU priority and return its result.
 
     On Linux the nice value is per thread, so the exchange work yields the CPU to the agent's training when
@@ -166,19 +144,19 @@ def _run_niced(fn, *args):
     return out["value"]
 
 
-def exchange_partition(plan: ExchangePlan, bcast, _rows: Iterator) -> Iterator[Dict[str, Any]]:
+def exchange_partition(plan: ExchangePlan, bcast, _rows: Iterator) -> Iterator[ExchangeRecord]:
     """mapPartitions body of an exchange task (lazy: runs when treeReduce pulls the record).  ``bcast`` is
     None for every task but the deliver tasks, so only those wait for the broadcast's download."""
-    yield _run_niced(_exchange, plan, bcast, time.time())
+    yield run_niced(_exchange, plan, bcast, time.time())
 
 
-def _exchange(plan: ExchangePlan, bcast, t_start: float) -> Dict[str, Any]:
+def _exchange(plan: ExchangePlan, bcast, t_start: float) -> ExchangeRecord:
     """Claim an agent of this executor, then do the plan's one thing with it."""
     cpu0 = time.thread_time()
-    rec = empty_record()
+    rec = ExchangeRecord()
     ch, info, _ = _claim(plan)
     if ch is None:
-        rec["misplaced"].append(placement.executor_id())
+        rec.misplaced.append(placement.executor_id())
         return rec
     entry = AgentReport.from_dict(info)
     entry.t_start = t_start
@@ -198,13 +176,13 @@ def _exchange(plan: ExchangePlan, bcast, t_start: float) -> Dict[str, Any]:
     entry.t_end = time.time()
     entry.exchange_cpu_s = time.thread_time() - cpu0  # this task's Python CPU (not the JVM's download)
     if plan.op in ("deliver", "cycle", "join") and bcast is not None:
-        rec["delivered"][entry.agent] = entry
+        rec.delivered[entry.agent] = entry
     if plan.op not in ("deliver", "join"):
-        rec["agents"][entry.agent] = entry
+        rec.agents[entry.agent] = entry
     return rec
 
 
-def _both(plan: ExchangePlan, ch: Channel, bcast, entry: AgentReport, rec: Dict[str, Any]) -> None:
+def _both(plan: ExchangePlan, ch: Channel, bcast, entry: AgentReport, rec: ExchangeRecord) -> None:
     """Where an executor has one free task slot per agent: deliver (in a thread, on a second connection to
     the same agent) and yield in one task — which Spark starts only after the broadcast has arrived."""
     errors: list = []

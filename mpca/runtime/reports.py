@@ -1,4 +1,5 @@
-"""What an agent reports to the driver, as one typed record (sent as a JSON header, never pickled)."""
+"""What the running agents report: one agent's answer (:class:`AgentReport`, sent as a JSON header, never
+pickled) and the run's own counters (:class:`RunCounters`, on the driver)."""
 from __future__ import annotations
 
 import dataclasses
@@ -62,3 +63,13 @@ class AgentReport:
             if v is not None and f.name != "agent":
                 setattr(self, f.name, v)
         return self
+
+
+@dataclass(frozen=True)
+class RunCounters:
+    """What a run used of Spark and the parameter service, counted on the driver."""
+
+    jobs: Dict[str, int]  # Spark jobs submitted, by purpose: cycle, correction, control
+    broadcasts: Dict[str, int]  # broadcast variables created and destroyed
+    job_group: str  # the Spark job group of the run's exchange jobs
+    service_bytes: int = 0  # payload bytes through the parameter service, both directions

@@ -1,12 +1,16 @@
 """One run of K agents and the driver's side of their algorithm: start, cycles, stop — used by the Trainer
-and by the benchmarks."""
+and by the benchmarks.
+
+:class:`AgentRun` is the boundary between the Trainer and the running agents: the Trainer starts it (a
+context manager), runs its cycles, reads the joint model, the agents' latest reports, the driver rule's
+metrics, a checkpoint's state and the run's counters — through the methods below, nothing else."""
 from __future__ import annotations
 
 import logging
 import secrets
 import time
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -17,9 +21,10 @@ from mpca.errors import RunFailedError
 from mpca.runtime import cluster
 from mpca.runtime.agent import AgentSpec, model_state
 from mpca.runtime.agent_job import AgentJob
-from mpca.runtime.agent_service import AgentService
+from mpca.runtime.driver_service import DriverService
 from mpca.runtime.pipeline import ExchangePipeline
-from mpca.runtime.reports import AgentReport
+from mpca.runtime.reports import AgentReport, RunCounters
+from mpca.runtime.roster import AgentRoster
 from mpca.runtime.timeline import Timeline
 
 log = logging.getLogger("mpca.run")
@@ -43,34 +48,28 @@ class AgentRun:
         self.rule = algo.driver_rule([self.bound.read(s) for s in range(self.layout.num_shards)], self.agents)
         if driver_state is not None:
             self.rule.load_state_dict(driver_state)
-        if algo.min_cycle_interval_s is not None:
-            self.rule.min_cycle_interval_s = algo.min_cycle_interval_s
         self.run_id = uuid.uuid4().hex[:10]
         secret = secrets.token_bytes(32)
         max_payload = sum(self.layout.shard_nbytes(s) for s in range(self.layout.num_shards)) + 4096
         host = settings.cluster.service_host or self.sc.getConf().get("spark.driver.host") or "127.0.0.1"
         self.service = None
         if algo.exchange == "service":
-            self.service = AgentService(self.rule, secret, self.layout.wire_dtype, max_payload, host,
+            self.service = DriverService(self.rule, secret, self.layout.wire_dtype, max_payload, host,
                                         settings.cluster.service_port, self.agents)
         self.spec = AgentSpec(run_id=self.run_id, secret=secret, model_fn=model_fn, loss_fn=loss_fn,
                               optimizer_fn=optimizer_fn, layout=self.layout, init_state=model_state(model),
-                              rule_factory=algo.agent_factory(), agents=self.agents, buffers=algo.buffers,
-                              batch_size=training.batch_size, input_shape=tuple(settings.data.input_shape),
-                              seed=settings.seed, max_payload=max_payload,
-                              service=self.service.address if self.service else None,
-                              rendezvous=self.rule.rendezvous(host, settings.cluster.service_port),
-                              cpus=training.agent_cpus, join_on_retry=algo.exchange == "cycle",
-                              agent_memory_mb=settings.data.agent_memory_mb, device_step_s=training.device_step_s)
+                              algorithm=algo, training=training, data=settings.data, seed=settings.seed,
+                              max_payload=max_payload, service=self.service.address if self.service else None,
+                              rendezvous=self.rule.rendezvous(host, settings.cluster.service_port))
         self.profile = cluster.agent_resource_profile(use_gpus, pinned=self.shape.agent_slots_per_executor > 0)
         self.job = AgentJob(self.sc, self.run_id)
         self.timeline = Timeline(training.timeline_window)  # the last cycles in memory, the rest on disk
-        self.pipeline = ExchangePipeline(self.sc, self.run_id, secret, self.rule, range(self.agents),
+        roster = AgentRoster(range(self.agents), settings.cluster.agent_wait_s, training.min_agents,
+                             settings.cluster.agent_lost_timeout_s)
+        self.pipeline = ExchangePipeline(self.sc, self.run_id, secret, self.rule, algo, roster,
                                          self.layout.wire_dtype, self.timeline, executors=self.shape.executors,
                                          observe=self.service.observe if self.service else None,
-                                         split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2,
-                                         agent_wait_s=settings.cluster.agent_wait_s, min_agents=training.min_agents,
-                                         agent_lost_timeout_s=settings.cluster.agent_lost_timeout_s)
+                                         split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2)
         self.pipeline.restore_pending(pending)
         self._train_df = train_df
         self.stopped: Dict[int, AgentReport] = {}
@@ -101,13 +100,29 @@ class AgentRun:
 
     def agent_status(self) -> Dict[int, AgentReport]:
         """Steps and samples of every agent right now (a light control job, no shard moves)."""
-        plan = self.pipeline._plan(f"status{time.time()}", "hello")
-        attempt = 0 if self.shape.executors == self.agents else 1  # extra executors: over-provision at once
-        res = self.pipeline.run_job(plan, self.pipeline.spread(self.agents, attempt), None, "mpca: agent status")
-        return res["agents"]
+        return self.pipeline.status()
 
     def joint_vectors(self) -> List[torch.Tensor]:
+        """A consistent copy of the joint model, one vector per shard."""
         return self.rule.joint_vectors()
+
+    def latest_reports(self) -> Dict[int, AgentReport]:
+        """Every agent's latest answer (from the cycles' jobs, or the parameter service's requests)."""
+        return self.pipeline.last_agent_reports
+
+    def metrics(self) -> Dict[str, float]:
+        """The algorithm's own figures since the last call (:meth:`mpca.algorithm.DriverRule.metrics`)."""
+        return self.rule.metrics()
+
+    def checkpoint_state(self) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
+        """What a checkpoint needs besides the joint model: the driver rule's state and the reduction received
+        but not staged yet (the 3-phase pipeline's)."""
+        return self.rule.state_dict(), self.pipeline.pending_state()
+
+    def counters(self) -> RunCounters:
+        pipe = self.pipeline
+        return RunCounters(jobs=dict(pipe.jobs), broadcasts=dict(pipe.broadcasts.counts), job_group=pipe.job_group,
+                           service_bytes=self.service.bytes_in + self.service.bytes_out if self.service else 0)
 
     def __exit__(self, *exc) -> None:
         try:

@@ -64,7 +64,7 @@ def test_a_toy_algorithm_defined_in_one_place_runs(spark):
     last = fit.timeline.cycles[-1]
     assert sorted(last.agents) == [0, 1]
     assert all(e.extra["marker"] == "toy-7" and e.extra["handed"] >= 5 for e in last.agents.values())
-    assert fit.final.error < 0.6 and fit.extra["algorithm"] == "toy"
+    assert fit.final.error < 0.6 and fit.algorithm == "toy"
 
 
 # ----------------------------------------------------------------------------- each exchange follows its rule
@@ -83,7 +83,7 @@ def test_easgd_centre_moves_by_alpha_times_difference_per_exchange(spark):
     """After every local step (SGD, lr 1) agent i holds exactly t_i, so each exchange moves the centre by
     α (t_i − x̃): replaying the service's order of exchanges gives the final joint model."""
     fit = _fixed_point_fit(spark, {"name": "easgd", "every": 2, "alpha": 0.3}, max_seconds=8)
-    driver = fit.extra["driver"]
+    driver = fit.driver_rule
     order = list(driver.history)
     assert driver.exchanges == len(order) > 20 and set(order) == {0, 1}
     centre = torch.zeros(30, dtype=torch.float64)
@@ -100,7 +100,7 @@ def test_hermans_parameter_server_rules_replay_from_the_servers_history(spark, n
     from mpca.algorithm.hermans import server_update
 
     fit = _fixed_point_fit(spark, {"name": name, "every": 1}, max_seconds=6)
-    server = fit.extra["driver"]
+    server = fit.driver_rule
     order = list(server.history)
     assert len(order) > 20 and {a for a, _ in order} == {0, 1}
     centre = torch.zeros(30, dtype=torch.float64)
@@ -120,7 +120,7 @@ def test_rudra_protocols_train_digits_and_record_staleness(spark, name):
     fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
                   algorithm={"name": name, "lr": 0.1}, max_seconds=10, eval_every_seconds=2,
                   spark=spark).fit(dataset_dataframe(spark, "digits"))
-    server = fit.extra["driver"]
+    server = fit.driver_rule
     sigmas = [s for _, s, _ in server.history]
     assert len(sigmas) > 20 and fit.final.error < 0.6, (len(sigmas), fit.final.error)
     if name == "rudra-hardsync":
@@ -138,7 +138,7 @@ def test_weak_synchronization_trains_digits_synchronously_or_partially(spark, pa
     fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
                   algorithm={"name": "weaksync", "lr": 0.05, "blocks": 4, **settings}, max_seconds=10,
                   eval_every_seconds=2, spark=spark).fit(dataset_dataframe(spark, "digits"))
-    server = fit.extra["driver"]
+    server = fit.driver_rule
     ds = [d for _, _, d in server.history]
     assert len(ds) > 40 and fit.final.error < 0.6, (len(ds), fit.final.error)
     if partial:
@@ -177,7 +177,7 @@ def test_sync_agents_hold_identical_models_right_after_each_exchange(spark):
 
 def test_ddp_replicas_are_bit_identical_after_every_step(spark):
     fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
-                  algorithm={"name": "ddp", "verify_every": 1, "observe_every_s": 0.5}, max_cycles=5,
+                  algorithm={"name": "ddp", "verify_every": 1, "min_cycle_interval_s": 0.5}, max_cycles=5,
                   eval_every_cycles=100, spark=spark).fit(dataset_dataframe(spark, "digits"))
     d0, d1 = (fit.timeline.cycles[-1].agents[a].extra["digests"] for a in (0, 1))
     common = sorted(set(d0) & set(d1), key=int)

@@ -44,6 +44,6 @@ def test_bad_estimator_settings_are_one_line():
     with pytest.raises(UserError, match="modelTarget"):
         TorchClassifier().spec()
     with pytest.raises(UserError, match="settings must be a JSON object"):
-        from mpca.ml.estimator import _json_object
+        from mpca.ml.estimator import json_object
 
-        _json_object("[1]", "settings")
+        json_object("[1]", "settings")

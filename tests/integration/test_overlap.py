@@ -33,7 +33,7 @@ def test_reduce_starts_before_its_broadcast_arrives_with_two_exchange_slots(spar
           [c.cycle for c in steady])
     assert len(started) >= len(steady) // 2, [(c.cycle, {a: (r.t_start, c.delivered[a].t_start)
                                                          for a, r in c.agents.items()}) for c in steady]
-    assert fit.extra["jobs"]["cycle"] == fit.cycles  # still one Spark job per cycle
+    assert fit.counters.jobs["cycle"] == fit.cycles  # still one Spark job per cycle
 
 
 def test_with_one_exchange_slot_one_task_per_agent_does_both(spark):

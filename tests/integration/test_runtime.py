@@ -38,9 +38,9 @@ def test_digits_holdout_error_far_below_chance(digits_fit):
 
 def test_one_spark_job_per_cycle(digits_fit):
     spark, fit = digits_fit
-    jobs = fit.extra["jobs"]
+    jobs = fit.counters.jobs
     assert jobs["cycle"] == fit.cycles
-    group_jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(fit.extra["job_group"])
+    group_jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(fit.counters.job_group)
     assert len(group_jobs) == jobs["cycle"] + jobs["correction"] + jobs["control"]
 
 
@@ -61,7 +61,7 @@ def test_a_finished_run_leaves_no_socket_or_lock_file_on_the_executors(digits_fi
 
 def test_every_broadcast_is_destroyed(digits_fit):
     _, fit = digits_fit
-    b = fit.extra["broadcasts"]
+    b = fit.counters.broadcasts
     assert b["created"] >= fit.cycles - 2 and b["destroyed"] == b["created"]
 
 
@@ -172,7 +172,7 @@ def test_checkpoint_holds_the_reduction_waiting_to_be_staged(spark, tmp_path):
     assert checkpoint.latest(str(tmp_path)).pending["cycle"] == 4
     second = Trainer(helpers.fixed_point_model, helpers.half_squared_norm, helpers.sgd_one, max_cycles=10,
                      resume=True, **common).fit(df)
-    assert second.extra["first_cycle"] == 5 and [c.cycle for c in second.timeline.cycles] == [5, 6, 7, 8, 9]
+    assert second.first_cycle == 5 and [c.cycle for c in second.timeline.cycles] == [5, 6, 7, 8, 9]
     both = Timeline()
     for c in first.timeline.cycles[:5] + second.timeline.cycles:
         both.add(c)

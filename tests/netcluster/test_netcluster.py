@@ -1,4 +1,4 @@
-"""The emulated cluster (mpca.bench.netcluster): network namespaces, rate-limited links, a Spark standalone
+"""The emulated cluster (lab.netcluster): network namespaces, rate-limited links, a Spark standalone
 master and workers, and a teardown that leaves nothing behind, also after a failure or Ctrl-C.
 
 Root only (network namespaces); skipped elsewhere, except the "not root" test."""
@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from mpca.bench import netcluster
-from mpca.bench.netcluster import NetCluster, available
+from lab import netcluster
+from lab.netcluster import NetCluster, available
 
 pytestmark = [pytest.mark.standalone, pytest.mark.usefixtures("no_shared_spark")]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOOL = [sys.executable, "-m", "mpca.bench.netcluster"]
+TOOL = [sys.executable, "-m", "lab.netcluster"]
 _OK, _WHY = available()
 needs_netns = pytest.mark.skipif(not _OK, reason=f"emulated cluster unavailable: {_WHY}")
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mpca.bench.netcluster import available
+from lab.netcluster import available
 
 pytestmark = [pytest.mark.standalone, pytest.mark.usefixtures("no_shared_spark")]
 _OK, _WHY = available()
@@ -14,8 +14,8 @@ _OK, _WHY = available()
 
 @pytest.mark.skipif(not _OK, reason=f"emulated cluster unavailable: {_WHY}")
 def test_reduce_completes_before_broadcast_on_a_100mbit_link():
-    p = subprocess.run([sys.executable, "-m", "mpca.bench.netcluster", "--workers", "2", "--link", "100mbit",
-                        "--cores", "3", "-q", "--", sys.executable, "-m", "mpca.bench.overlap", "--params", "3000000",
+    p = subprocess.run([sys.executable, "-m", "lab.netcluster", "--workers", "2", "--link", "100mbit",
+                        "--cores", "3", "-q", "--", sys.executable, "-m", "lab.overlap", "--params", "3000000",
                         "--cycles", "7", "--alone", "3"], capture_output=True, text=True, timeout=420)
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]

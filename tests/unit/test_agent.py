@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from mpca.algorithm import ShardLayout
-from mpca.algorithm.mpca import MPCAAgent
+from mpca.algorithm.mpca import MPCA
+from mpca.config import DataSection, TrainingSection
 from mpca.runtime.agent import Agent, AgentSpec, model_state
+
+_SMALL = {"data": DataSection(input_shape=[3]), "training": TrainingSection(batch_size=2)}
 
 
 def _frozen_sgd(params):
@@ -25,7 +28,7 @@ def _agent():
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
                      optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), init_state=model_state(m),
-                     rule_factory=MPCAAgent, batch_size=2, input_shape=(3,))
+                     algorithm=MPCA(shards=2), **_SMALL)
     return Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
 
 
@@ -108,7 +111,7 @@ def test_agent_cpus_pin_the_training_thread_only():
     m = _AffinityProbe(3, 2)
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=lambda: _AffinityProbe(3, 2), loss_fn=lambda out, y: out.sum(),
                      optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 1), init_state=model_state(m),
-                     batch_size=2, input_shape=(3,), cpus=[0])
+                     data=DataSection(input_shape=[3]), training=TrainingSection(batch_size=2, agent_cpus=[0]))
     a = Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
     before = os.sched_getaffinity(0)
     t = threading.Thread(target=a.train_forever)
@@ -170,7 +173,7 @@ def test_pull_comes_before_the_gradient_step_with_a_real_learning_rate():
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: (out ** 2).sum(),
                      optimizer_fn=lambda p: torch.optim.SGD(p, lr=0.1), layout=ShardLayout.from_module(m, 1),
-                     init_state=model_state(m), rule_factory=MPCAAgent, batch_size=2, input_shape=(3,))
+                     init_state=model_state(m), algorithm=MPCA(shards=1), **_SMALL)
     a = Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
     x0 = [p.detach().clone() for p in a.model.parameters()]
     target = torch.zeros(a.spec.layout.shard_numel(0))
@@ -222,7 +225,7 @@ def test_a_replacement_contributes_nothing_until_it_starts_from_the_joint_model(
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
                      optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), init_state=model_state(m),
-                     rule_factory=MPCAAgent, batch_size=2, input_shape=(3,))
+                     algorithm=MPCA(shards=2), **_SMALL)
     a = Agent(spec, 1, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long), attempt=1)
     assert a.joining
     header, payload = a.handle({"op": "yield", "shard": 0, "cycle": 9}, b"")
@@ -327,11 +330,12 @@ def test_an_agent_the_driver_knows_as_another_process_stops_and_waits_for_the_jo
     assert not a.joining and torch.equal(torch.cat([a.shards.read(s) for s in range(2)]), joint)
 
 
-def _emulated_agent(step_s, optimizer_fn=_frozen_sgd):
+def _emulated_agent(step_s, device_speed=None):
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
-                     optimizer_fn=optimizer_fn, layout=ShardLayout.from_module(m, 2), init_state=model_state(m),
-                     rule_factory=MPCAAgent, batch_size=2, input_shape=(3,), device_step_s=step_s)
+                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), init_state=model_state(m),
+                     algorithm=MPCA(shards=2), data=DataSection(input_shape=[3]),
+                     training=TrainingSection(batch_size=2, device_step_s=step_s, device_speed=device_speed or {}))
     return Agent(spec, 0, torch.zeros(64, 3), torch.zeros(64, dtype=torch.long))
 
 
@@ -365,10 +369,8 @@ def test_a_straggler_on_an_emulated_device_takes_t_over_speed_per_step():
     not sleep itself (its sleep would count as compute, make every step late, and not slow the agent)."""
     import threading
 
-    from mpca.bench.straggler import _Slowed
-
-    a = _emulated_agent(0.1, optimizer_fn=lambda p: _Slowed(_frozen_sgd(p), 0.5))
-    assert a.device_clock.step_s == pytest.approx(0.2) and a.optimizer.on_device
+    a = _emulated_agent(0.1, device_speed={0: 0.5})
+    assert a.device_clock.step_s == pytest.approx(0.2)
     trainer = threading.Thread(target=a.train_forever, daemon=True)
     t0 = time.perf_counter()
     trainer.start()

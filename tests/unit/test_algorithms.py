@@ -128,9 +128,9 @@ def test_mpca_driver_is_eqs_9_8_4_5_and_sends_alpha():
 
 
 def test_observing_driver_keeps_the_model_and_broadcasts_nothing():
-    d = ObservingDriver([T(0.0)], 1, observe_every_s=2.0)
+    d = ObservingDriver([T(0.0)], 1)
     assert d.on_reduced(0, 0, _partial((T(4.0), 1.0))) is None and torch.equal(d.joint[0], T(4.0))
-    assert d.min_cycle_interval_s == 2.0
+    assert build_algorithm({"name": "single", "min_cycle_interval_s": 2.0}).cycle_interval_s == 2.0
 
 
 def _ctx(model):

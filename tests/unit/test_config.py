@@ -1,7 +1,6 @@
-"""Configuration mistakes: one clear line naming the key, exit code 2, no traceback."""
+"""Configuration mistakes: one clear line naming the key, exit code 2, no traceback (the console command in
+its own process: tests/e2e/test_cli_errors.py)."""
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -50,13 +49,6 @@ def test_unknown_model_and_unwritable_output(tmp_path, capsys):
     blocker.write_text("x")  # a directory cannot be created under a file, not even by root
     assert main(["train", "-c", "conf/digits.yaml", f"run.output_dir={blocker}/out"]) == 2
     assert "not writable" in capsys.readouterr().err
-
-
-def test_real_process_prints_no_traceback():
-    p = subprocess.run([sys.executable, "-m", "mpca.cli", "train", "-c", "conf/digits.yaml", "training.agents=x"],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2
-    assert "Traceback" not in p.stderr and p.stderr.strip().count("\n") == 0, p.stderr
 
 
 def test_presets_merge_and_overrides_win():

@@ -3,7 +3,7 @@ import types
 
 import pytest
 
-from mpca.bench import faults
+from lab import faults
 from mpca.runtime.reports import AgentReport
 from mpca.runtime.timeline import CycleRecord, Timeline
 

@@ -1,7 +1,6 @@
-"""The long-run benchmark's arithmetic (the benchmark itself runs Spark for an hour: a command, not a test)."""
-import os
-
-from mpca.bench import longrun
+"""The long-run benchmark's arithmetic (the benchmark itself runs Spark for an hour: a command, not a test;
+its process accounting: tests/integration/test_longrun.py)."""
+from lab import longrun
 
 
 def test_growth_is_measured_after_the_warm_up_with_medians():
@@ -9,19 +8,6 @@ def test_growth_is_measured_after_the_warm_up_with_medians():
     assert longrun.growth(rows, "m", window=1) == 1.1  # from cycle 200 (after 10% of 1000) to the end
     swinging = [{"cycle": 100 * i, "m": m} for i, m in enumerate([10, 100, 101, 99, 100, 140, 100], start=1)]
     assert longrun.growth(swinging, "m", window=3) == 1.0  # one high sample (a GC swing) is not growth
-
-
-def test_rss_and_children_of_this_process():
-    assert longrun._rss_mb(os.getpid()) > 10
-    import subprocess
-    import sys
-
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
-    try:
-        assert p.pid in longrun._children([os.getpid()])
-    finally:
-        p.kill()
-        p.wait()
 
 
 def test_span_is_from_the_end_of_the_warm_up_to_the_last_sample():

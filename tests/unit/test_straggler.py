@@ -1,4 +1,6 @@
 """The benchmark's straggler: the slowed agent's steps take 1/speed as long; others are untouched."""
+import functools
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ def test_each_step_is_stretched_to_one_over_speed(monkeypatch):
     slept = []
     monkeypatch.setattr(straggler.time, "perf_counter", lambda: clock["t"])
     monkeypatch.setattr(straggler.time, "sleep", lambda s: (slept.append(s), clock.__setitem__("t", clock["t"] + s)))
-    opt = straggler._Slowed(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), speed=0.25)
+    opt = straggler.SlowedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), speed=0.25)
     for _ in range(3):
         clock["t"] += 0.2  # 0.2 s of work per step
         opt.step()
@@ -18,14 +20,15 @@ def test_each_step_is_stretched_to_one_over_speed(monkeypatch):
     assert opt.param_groups[0]["lr"] == 0.1  # the real optimizer behind it
 
 
-def test_on_an_emulated_device_the_optimizer_does_not_sleep(monkeypatch):
-    slept = []
-    monkeypatch.setattr(straggler.time, "sleep", slept.append)
-    opt = straggler._Slowed(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), speed=0.5)
-    opt.on_device = True  # the agent's DeviceClock waits out T / device_speed instead
-    for _ in range(3):
-        opt.step()
-    assert slept == [] and opt.device_speed == 0.5
+def test_on_an_emulated_device_the_optimizer_does_not_sleep():
+    from mpca.config import settings_from
+
+    sgd = functools.partial(torch.optim.SGD, lr=0.1)
+    emulated, fn = straggler.straggle(settings_from(agents=2, device_step_s=0.1), sgd, 1, 0.5)
+    assert fn is sgd  # the agent's DeviceClock waits out T / device_speed instead
+    assert emulated.training.device_speed == {1: 0.5} and emulated.training.device_step_s == 0.1
+    plain, fn = straggler.straggle(settings_from(agents=2), sgd, 1, 0.5)
+    assert plain.training.device_speed == {} and fn is not sgd
 
 
 def test_only_the_named_partition_is_slowed():

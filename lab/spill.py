@@ -1,6 +1,6 @@
 """Training throughput with the agent's partition memory-mapped from local disk against in memory.
 
-    python -m mpca.bench.spill [-c conf/digits.yaml] [--repeats 3] [--seconds 15] [key=value ...]
+    python -m lab.spill [-c conf/digits.yaml] [--repeats 3] [--seconds 15] [key=value ...]
 
 Runs one agent (``single``) on the same job, alternately with ``data.agent_memory_mb`` unset (in memory) and
 0 (every partition spilled to local disk and memory-mapped), and prints the agent's samples/s — its own

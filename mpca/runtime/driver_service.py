@@ -1,4 +1,6 @@
-"""The driver's parameter service bound to an algorithm's driver rule, and what it learns of the agents.
+"""The parameter service as the driver hosts it: bound to the algorithm's driver rule, and what it learns of the
+agents (the transport is :mod:`mpca.runtime.service`; the agents' side is their rule's
+:meth:`~mpca.algorithm.ServiceAgent.call_service`).
 
 Agents of agent-initiated algorithms call it on their own clock; each request's header carries the
 agent's counters, which become the cycle reports the driver's observation cycles return.
@@ -17,7 +19,10 @@ from mpca.runtime.reports import AgentReport
 from mpca.runtime.service import ParameterService
 
 
-class AgentService:
+class DriverService:
+    """Answers agents' requests with ``rule.serve`` (after checking the agent and that the payload is finite) and
+    keeps each agent's latest report for the driver's observing cycles."""
+
     def __init__(self, rule: DriverRule, secret: bytes, wire_dtype: torch.dtype, max_payload: int, host: str,
                  port: int, agents: int):
         self.rule, self.agents = rule, agents

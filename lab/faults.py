@@ -1,12 +1,15 @@
 """Faults injected into a real run, and what they cost (a command; the tests use the same injection).
 
-    python -m mpca.bench.faults [-c conf/digits.yaml] [--faults none,hang,kill-executor] [--target 0.05]
+    python -m lab.faults [-c conf/digits.yaml] [--faults none,hang,kill-executor] [--target 0.05]
 
 Each fault hits agent 1 once, ``--at-call`` forward passes into its training, from inside its own
 process: ``hang`` stops the process (SIGSTOP) and a helper resumes it (SIGCONT) ``--hang-s`` later;
 ``kill-executor`` kills its executor's JVM (SIGKILL); ``none`` is the unfaulted reference.  Prints per
 fault the time to ``--target``, the final error, how many cycles ran without agent 1, the longest cycle,
 and when the agent was back (answering again, or a replacement joined).
+
+The model_fn of :func:`faulty` runs on executors, which cannot import ``lab`` (they do not run in the
+checkout): this module is pickled by value.
 """
 from __future__ import annotations
 
@@ -16,12 +19,15 @@ import math
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import uuid
 from typing import Callable, Optional
 
+from pyspark import cloudpickle
 from torch import nn
 
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import lab/
 FAULTS = ("none", "hang", "kill-executor")
 
 

@@ -1,8 +1,10 @@
 """An emulated cluster on one machine: a driver "host" and N worker "hosts" on one switch.
 
-    python -m mpca.bench.netcluster --workers 2 --link 100mbit [--cores 2] [--memory-mb 1024] -- CMD [ARGS...]
-    python -m mpca.bench.netcluster --cleanup-stale          # remove leftovers of crashed runs
-    python -m mpca.bench.netcluster --check                  # can this machine do it? (exit 0 / 2)
+    python -m lab.netcluster --workers 2 --link 100mbit [--cores 2] [--memory-mb 1024] -- CMD [ARGS...]
+    python -m lab.netcluster --cleanup-stale          # remove leftovers of crashed runs
+    python -m lab.netcluster --check                  # can this machine do it? (exit 0 / 2)
+
+A lab tool of the repository (run from a checkout; not installed with mpca).
 
 Every host is a Linux network namespace with its own hostname (own UTS namespace), its own
 ``/etc/hosts`` naming the cluster (private mount namespace) and an ``eth0`` on a bridge in the
@@ -19,6 +21,10 @@ the driver's namespace with::
     MPCA_NETWORK=<link>   MPCA_NETCLUSTER_WORKERS=N   PYSPARK_PYTHON=<this interpreter>
     MPCA_NETCLUSTER_PREFIX=<prefix>   MPCA_NETCLUSTER_HOSTS=driver=<ip>,w1=<ip>,...
 
+These variables are the interface to mpca: :mod:`mpca.bench.emulated_cluster` builds a SparkSession from them
+(``session_in_cluster``) and ``mpca bench compare --network`` runs itself inside this tool as a process; the
+link grammar (``rate_bits``) is the package's.
+
 Afterwards everything is torn down (Spark processes, namespaces, veths, bridge, qdiscs, temp
 files), also after Ctrl-C, SIGTERM, SIGHUP or a failure; the exit status is CMD's (128+N when
 CMD died of signal N or this tool was stopped by signal N, 124 on ``--timeout``, 1 when the
@@ -31,7 +37,7 @@ and ``--cleanup-stale`` can tell leftovers (owner gone) from live clusters.
 
 As a library::
 
-    from mpca.bench.netcluster import NetCluster, available
+    from lab.netcluster import NetCluster, available
     ok, why = available()
     with NetCluster(workers=2, link="1gbit") as nc:
         rc = nc.run_in_driver([sys.executable, "train.py"])
@@ -55,9 +61,10 @@ import tempfile
 import time
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from mpca.errors import MpcaError
+from mpca.bench.emulated_cluster import DRIVER_HOST, MASTER, NETWORK, rate_bits
+from mpca.errors import MpcaError, UserError
+from mpca.runtime.cluster import AGENT_SLOT  # the resource mpca pins its agents with (one agent per executor)
 
-AGENT_SLOT = "agentslot"  # the resource of mpca.runtime.cluster (one agent per executor)
 MASTER_PORT = 7077
 MASTER_UI_PORT = 8080
 WORKER_UI_PORT = 8081
@@ -92,20 +99,6 @@ class Stopped(BaseException):
 def _tool(name: str) -> Optional[str]:
     path = os.environ.get("PATH", os.defpath) + os.pathsep + "/usr/sbin:/sbin:/usr/bin:/bin"
     return shutil.which(name, path=path)
-
-
-def rate_bits(link: str) -> int:
-    """``"100mbit"`` -> 100_000_000 bit/s; ``"none"`` -> 0 (no limit)."""
-    s = str(link).strip().lower()
-    if s in ("none", "off", "unlimited", "0"):
-        return 0
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)", s)
-    if not m:
-        raise NetClusterError(f"bad link rate {link!r} (use 1gbit, 100mbit, none or e.g. 500mbit)")
-    bits = int(float(m.group(1)) * {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m.group(2)])
-    if bits < 8000:
-        raise NetClusterError(f"link rate {link!r} is too low (at least 8kbit)")
-    return bits
 
 
 def _proc_start_time(pid: int) -> Optional[str]:
@@ -264,7 +257,10 @@ class NetCluster:
             raise NetClusterError(f"subnet must look like 10.200.0 (a /24), got {subnet!r}")
         self.workers = int(workers)
         self.link = str(link).strip().lower()
-        self.bits = rate_bits(self.link)
+        try:
+            self.bits = rate_bits(self.link)  # the package's link grammar (mpca.bench.emulated_cluster)
+        except UserError as e:
+            raise NetClusterError(str(e)) from None
         self.cores = int(cores)
         self.memory_mb = int(memory_mb)
         self.start_timeout = float(start_timeout)
@@ -410,9 +406,9 @@ class NetCluster:
     def command_env(self) -> Dict[str, str]:
         """The environment variables a command in the driver namespace gets."""
         return {
-            "MPCA_SPARK_MASTER": self.master_url,
-            "MPCA_DRIVER_HOST": self.driver_ip,
-            "MPCA_NETWORK": self.link,
+            MASTER: self.master_url,
+            DRIVER_HOST: self.driver_ip,
+            NETWORK: self.link,
             "MPCA_NETCLUSTER_WORKERS": str(self.workers),
             "MPCA_NETCLUSTER_PREFIX": self.prefix,
             "MPCA_NETCLUSTER_HOSTS": ",".join(f"{n}={a}" for n, a in self.hosts.items()),
@@ -767,10 +763,10 @@ def _parse(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
     else:
         own, command = argv, []
     ap = argparse.ArgumentParser(
-        prog="python -m mpca.bench.netcluster",
+        prog="python -m lab.netcluster",
         description="Run a command on an emulated cluster (network namespaces, rate-limited links, Spark "
                     "standalone master in the driver namespace, one worker per worker namespace).",
-        epilog="example: python -m mpca.bench.netcluster --workers 2 --link 100mbit -- python train.py")
+        epilog="example: python -m lab.netcluster --workers 2 --link 100mbit -- python train.py")
     ap.add_argument("--workers", type=int, default=2, help="worker hosts (default 2)")
     ap.add_argument("--link", default="none", help="per-port rate limit: 1gbit, 100mbit or none (default none)")
     ap.add_argument("--cores", type=int, default=2, help="cores per Spark worker (default 2)")
@@ -828,27 +824,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         except NetClusterError as e:
             print(f"netcluster: {e}", file=sys.stderr, flush=True)
             return 2 if isinstance(e, NetClusterUnavailable) else 1
-    print(f"netcluster: stopped by {signal.Signals(stopped).name}; cluster torn down", file=sys.stderr, flush=True)
+    print(f"netcluster: stopped by {signal.Signals(stopped).name}; emulated cluster torn down", file=sys.stderr,
+          flush=True)
     return 128 + stopped
 
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def session_in_cluster(app_name: str, conf: Optional[Dict[str, str]] = None):
-    """A SparkSession on the master of the emulated cluster this process runs in (``$MPCA_SPARK_MASTER``, set
-    by :class:`NetCluster` for its command), ready for mpca agents; None outside one."""
-    master = os.environ.get("MPCA_SPARK_MASTER")
-    if not master:
-        return None
-    from pyspark.sql import SparkSession
-
-    b = (SparkSession.builder.master(master).appName(app_name)
-         .config("spark.driver.host", os.environ["MPCA_DRIVER_HOST"])
-         .config("spark.executor.resource.agentslot.amount", "1").config("spark.ui.enabled", "false")
-         .config("spark.pyspark.python", sys.executable)
-         .config("spark.sql.execution.arrow.pyspark.enabled", "true"))
-    for key, value in (conf or {}).items():
-        b = b.config(key, value)
-    return b.getOrCreate()

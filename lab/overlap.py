@@ -1,8 +1,8 @@
 """Does a cycle's reduce wait for its broadcast, and what does a cycle cost against B and R alone?
 
-    python -m mpca.bench.overlap [--params 7500000] [--cycles 8] [--agents 2] [--alone 5]
+    python -m lab.overlap [--params 7500000] [--cycles 8] [--agents 2] [--alone 5]
 
-Uses the Spark master of ``$MPCA_SPARK_MASTER`` (inside ``python -m mpca.bench.netcluster``) or a
+Uses the Spark master of ``$MPCA_SPARK_MASTER`` (inside ``python -m lab.netcluster``) or a
 local-cluster with 3 task slots per executor.  Prints one JSON line per exchange cycle — when each agent's
 reduce task started and yielded, when the broadcast fetch on its executor started (Spark's own task events:
 launch + deserialization of the deliver task, :mod:`mpca.runtime.task_events`) and ended (the deliver
@@ -62,7 +62,7 @@ class LinkSampler:
 
 
 def _session(agents: int):
-    from mpca.bench.netcluster import session_in_cluster
+    from mpca.bench.emulated_cluster import session_in_cluster
     from mpca.runtime.cluster import local_session
 
     return (session_in_cluster("mpca-overlap", {"spark.executor.memory": "1024m"})
@@ -109,10 +109,10 @@ def main(argv=None) -> int:
             B, R = [], []
             for i in range(args.alone):
                 bc = spark.sparkContext.broadcast(shard)
-                plan = pipe._plan(f"alone-b{i}", "deliver", bcast_shard=0, params={"alpha": 0.05})
+                plan = pipe.plan(f"alone-b{i}", "deliver", bcast_shard=0, params={"alpha": 0.05})
                 B.append(_timed(lambda: pipe.run_parts([(plan, K, bc)], "mpca: broadcast alone", "control")))
                 bc.destroy(blocking=False)
-                plan = pipe._plan(f"alone-r{i}", "reduce", reduce_shard=i % 3, params={})
+                plan = pipe.plan(f"alone-r{i}", "reduce", reduce_shard=i % 3, params={})
                 R.append(_timed(lambda: pipe.run_parts([(plan, K, None)], "mpca: reduce alone", "control")))
         events.close()
         steady = []

@@ -1,6 +1,6 @@
 """Long runs: memory of the driver and the executors over thousands of exchange cycles (a command).
 
-    python -m mpca.bench.longrun [--cycles 10000] [--samples 20] [--numel 100000] [--timeline-window 1000]
+    python -m lab.longrun [--cycles 10000] [--samples 20] [--numel 100000] [--timeline-window 1000]
 
 Runs MPCA with 2 agents of a small flat model on local-cluster and samples, every ``cycles / samples``
 cycles, the resident memory (RSS) of the driver's Python process and JVM, of the executors' JVMs and of
@@ -74,7 +74,7 @@ def long_run(spark, cycles: int, samples: int, numel: int, timeline_window: int 
         for c in range(cycles):
             run.cycle(c)
             if (c + 1) % every == 0:
-                b = run.pipeline.broadcasts
+                b = run.counters().broadcasts
                 rows.append({"cycle": c + 1, "wall_s": time.time() - t0, **sample(spark),
                              "broadcasts_created": b["created"], "broadcasts_destroyed": b["destroyed"],
                              "timeline_in_memory": len(run.timeline.cycles), "timeline_spilled": run.timeline.spilled})

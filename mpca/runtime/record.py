@@ -1,0 +1,47 @@
+"""What one exchange job returns: every task's :class:`ExchangeRecord`, merged by Spark's treeReduce.
+
+A reduce task adds its agent's weighted shard to ``partial`` (a partial sum of Eq. 9: Σ wᵢ xᵢ and Σ wᵢ) and
+its report to ``agents``; a deliver task adds its report to ``delivered``; a task that found no agent on its
+executor adds the executor to ``misplaced``.  :meth:`ExchangeRecord.merge` is associative, so the tree's
+shape does not matter, and an agent counted twice is kept in ``duplicates`` (two processes acting as one agent,
+which the driver refuses).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from mpca.algorithm.rules import WeightedSum
+from mpca.runtime.reports import AgentReport
+
+
+@dataclass
+class ExchangeRecord:
+    partial: WeightedSum = field(default_factory=lambda: WeightedSum(None, 0.0))
+    agents: Dict[int, AgentReport] = field(default_factory=dict)  # answered a reduce (or control) task
+    delivered: Dict[int, AgentReport] = field(default_factory=dict)  # handed the broadcast
+    misplaced: List[str] = field(default_factory=list)  # executors where a task found no unclaimed agent
+    duplicates: List[int] = field(default_factory=list)  # agents that answered twice
+
+    def merge(self, other: "ExchangeRecord") -> "ExchangeRecord":
+        """Both records in one (treeReduce's function): partial sums added, reports united."""
+        dups = self.duplicates + other.duplicates
+        return ExchangeRecord(self.partial.combine(other.partial), _union(self.agents, other.agents, dups),
+                              _union(self.delivered, other.delivered, dups), self.misplaced + other.misplaced, dups)
+
+    def errors(self) -> Dict[int, str]:
+        """The agents that answered with an error, and the error."""
+        return {a: e.error for part in (self.agents, self.delivered) for a, e in part.items() if e.error}
+
+
+def merge_records(a: ExchangeRecord, b: ExchangeRecord) -> ExchangeRecord:
+    return a.merge(b)
+
+
+def _union(a: Dict[int, AgentReport], b: Dict[int, AgentReport], dups: List[int]) -> Dict[int, AgentReport]:
+    out = dict(a)
+    for k, v in b.items():
+        if k in out:
+            dups.append(k)
+        out[k] = v
+    return out
