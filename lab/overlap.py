@@ -109,11 +109,11 @@ def main(argv=None) -> int:
             B, R = [], []
             for i in range(args.alone):
                 bc = spark.sparkContext.broadcast(shard)
-                plan = pipe.plan(f"alone-b{i}", "deliver", bcast_shard=0, params={"alpha": 0.05})
-                B.append(_timed(lambda: pipe.run_parts([(plan, K, bc)], "mpca: broadcast alone", "control")))
+                plan = pipe.jobs.plan(f"alone-b{i}", "deliver", bcast_shard=0, params={"alpha": 0.05})
+                B.append(_timed(lambda: pipe.jobs.run_parts([(plan, K, bc)], "mpca: broadcast alone", "control")))
                 bc.destroy(blocking=False)
-                plan = pipe.plan(f"alone-r{i}", "reduce", reduce_shard=i % 3, params={})
-                R.append(_timed(lambda: pipe.run_parts([(plan, K, None)], "mpca: reduce alone", "control")))
+                plan = pipe.jobs.plan(f"alone-r{i}", "reduce", reduce_shard=i % 3, params={})
+                R.append(_timed(lambda: pipe.jobs.run_parts([(plan, K, None)], "mpca: reduce alone", "control")))
         events.close()
         steady = []
         for c in cycles:

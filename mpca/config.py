@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from mpca.algorithm import Algorithm, build_algorithm
+from mpca.algorithm.wire import DEFAULT_BLOCK, WireFormat
 from mpca.data.synthetic import TeacherTask
 from mpca.errors import UserError
 from mpca.local_cluster import parse_local_cluster
@@ -132,6 +133,15 @@ class TrainingSection(_Strict):
         return self
 
 
+class WireSection(_Strict):
+    """How every algorithm's exchanged values cross the network (:mod:`mpca.algorithm.wire`): ``fp32`` as they
+    are (bit-exact); ``bf16``; ``int8`` or ``int4`` with a float32 scale per block of ``block`` values.  Lossy
+    formats use error feedback (each sender adds what its last message of the same shard lost)."""
+
+    format: WireFormat = "fp32"
+    block: int = Field(DEFAULT_BLOCK, ge=64, description="values per quantisation block (int8, int4)")
+
+
 class StopSection(_Strict):
     max_cycles: Optional[int] = Field(None, ge=1)
     max_seconds: Optional[float] = Field(None, gt=0)
@@ -211,6 +221,7 @@ class Settings(_Strict):
     eval: EvalSection = Field(default_factory=EvalSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
+    wire: WireSection = Field(default_factory=WireSection)
     progress: Literal["auto", "bar", "log", "notebook", "off"] = "auto"
     seed: int = 0
 
@@ -227,6 +238,9 @@ class Settings(_Strict):
     @model_validator(mode="after")
     def _fits(self):
         self.algorithm.check_agents(self.training.agents)
+        if self.algorithm.name == "ddp" and self.wire.format != "fp32":
+            raise ValueError(f"algorithm ddp all-reduces full-precision gradients (no compression hook yet): "
+                             f"wire.format {self.wire.format} is not available for it; use fp32")
         local = parse_local_cluster(self.cluster.master)
         if local is not None:
             execs, cores = local.executors, local.cores
@@ -304,7 +318,7 @@ SHORTCUTS = {
     "service_host": "cluster.service_host", "service_port": "cluster.service_port",
     "min_agents": "training.min_agents", "agent_wait_s": "cluster.agent_wait_s",
     "agent_lost_timeout_s": "cluster.agent_lost_timeout_s", "timeline_window": "training.timeline_window",
-    "device_step_s": "training.device_step_s",
+    "device_step_s": "training.device_step_s", "wire": "wire.format",
 }
 
 

@@ -148,8 +148,9 @@ class InProcessService:
         self.server = server
 
     def request(self, header, payload):
-        reply, values = self.server.serve(header["agent"], header, torch.from_numpy(np.asarray(payload).copy()))
-        return reply, values.numpy().tobytes()
+        values = np.frombuffer(payload, dtype=np.float32).copy()  # the agents' default wire: fp32 bytes
+        reply, values = self.server.serve(header["agent"], header, torch.from_numpy(values))
+        return {**reply, "n": values.numel()}, values.numpy().tobytes()  # as DriverService answers
 
 
 def checkpoint_at(cycle, value=1.0):

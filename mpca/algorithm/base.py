@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mpca.algorithm.rules import WeightedSum
 from mpca.algorithm.sharding import BoundShards
+from mpca.algorithm.wire import Codec, ErrorFeedback
 
 Params = Dict[str, Any]  # JSON-able values sent with a cycle (e.g. {"alpha": 0.3})
 
@@ -55,6 +56,7 @@ class AgentContext:
     lock: Any = None  # the agent's step lock: held around before_step … after_step, and around the shard hooks
     stats: Callable[[], Dict[str, Any]] = dict  # the agent's counters (steps, samples, loss), for service headers
     stopping: Callable[[], bool] = bool  # whether the driver asked this agent to stop (for rules that wait)
+    wire: ErrorFeedback = field(default_factory=lambda: ErrorFeedback(Codec()))  # how service payloads travel
 
 
 class AgentRule:
@@ -117,10 +119,11 @@ class ServiceAgent(AgentRule):
         """Send ``payload`` (one model-sized vector) with a request ``op`` and the agent's counters (which the
         driver turns into its report) plus ``fields``; the reply's header and vector (in ``payload``'s dtype).
         The calling thread waits for the answer, as the algorithms' workers do."""
-        header = {**self.ctx.stats(), **fields, "op": op, "agent": self.ctx.agent_id}
         values = payload.numpy()
-        reply, data = self.ctx.service.request(header, values)
-        return reply, torch.from_numpy(np.frombuffer(data, dtype=values.dtype).copy())
+        header = {**self.ctx.stats(), **fields, "op": op, "agent": self.ctx.agent_id, "n": values.size}
+        wire = self.ctx.wire  # the run's wire format, with this agent's error feedback per request kind
+        reply, data = self.ctx.service.request(header, wire.encode(op, values))
+        return reply, torch.from_numpy(wire.codec.decode(data, int(reply.get("n", values.size))))
 
 
 class GradientPusher(ServiceAgent):
@@ -171,9 +174,8 @@ class DriverRule:
     def num_shards(self) -> int:
         return len(self.joint)
 
-    def shard_nbytes(self, shard: int) -> int:
-        j = self.joint[shard]
-        return j.numel() * j.element_size()
+    def shard_numel(self, shard: int) -> int:
+        return self.joint[shard].numel()
 
     def reduce_shard(self, cycle: int) -> int:
         """The shard every agent yields in ``cycle`` (driver-initiated algorithms: ``exchange = "cycle"``)."""

@@ -168,8 +168,15 @@ def _dirname(label: str) -> str:
     return re.sub(r"[^\w.=-]+", "-", label).strip("-")
 
 
+def split_wire(label: str) -> tuple:
+    """``"mpca@int8"`` → ("mpca", "int8"): an algorithm's label and the wire format it runs with (None: the
+    configuration's ``wire.format``)."""
+    base, _, fmt = label.partition("@")
+    return base, fmt or None
+
+
 def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float], max_seconds: float, out: str,
-            straggler=None) -> dict:
+            straggler=None, wire: Optional[str] = None) -> dict:
     from mpca.bench.cpu_profile import CpuProfile
     from mpca.bench.emulation import device_check
     from mpca.bench.straggler import straggle
@@ -183,6 +190,8 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
                                 "every_cycles": 10 ** 9, "init_from": cfg.checkpoint.init_from}}
     if algorithm["name"] == "single":
         overrides["agents"] = 1
+    if wire is not None:
+        overrides["wire"] = {**cfg.wire.model_dump(), "format": wire}
     settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"}, **overrides)
     model_fn, loss_fn, optimizer_fn = training_functions(cfg.model, cfg.optimizer)
     slow = straggler is not None and not label.startswith("mpca:uncontested")
@@ -198,6 +207,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
     return {"label": label, "algorithm": algorithm, "agents": settings.training.agents, "history": fit.history,
             "time_to": {t: time_to(fit.history, t) for t in targets}, "final_error": fit.final.error,
             "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": _traffic(fit), "duty_cycle": _duty(fit),
+            "bytes_per_cycle": _traffic(fit) / fit.cycles if fit.cycles else math.nan,
             "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None, "figures": figures(fit.history),
             "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None,
             "samples_per_s": _samples_per_s(fit), "cpu": cpu, "agents_up_s": fit.agents_up_s,
@@ -225,19 +235,19 @@ def _warm_up(spark, cfg, data, out: str) -> None:
 
 
 def tune(spark, cfg, data, label: str, targets: List[float], max_seconds: float, out: str, straggler,
-         ratio: float) -> tuple:
+         ratio: float, wire: Optional[str] = None) -> tuple:
     """Run every setting of ``label``'s grid (:mod:`mpca.bench.tuning`) once; return the best setting's
     algorithm config, its name, and what each setting gave (for compare.json).  A setting whose emulated
     devices did not hold ranks after every one that did."""
     from mpca.bench.tuning import EXTEND, best, beyond, grid
 
-    points = grid(label, ratio, cfg.training.agents)
+    points = grid(split_wire(label)[0], ratio, cfg.training.agents)
     if len(points) == 1:
         return points[0][1], None, []
     tried = []
 
     def attempt(setting, algo):
-        r = run_one(spark, cfg, data, f"{label}[{setting}]", algo, targets, max_seconds, out, straggler)
+        r = run_one(spark, cfg, data, f"{label}[{setting}]", algo, targets, max_seconds, out, straggler, wire)
         tried.append({"setting": setting, "algorithm": algo, "time_to": r["time_to"],
                       "final_error": r["final_error"], "holds": r["emulation"]["holds"] is not False})
         return best([(p["time_to"], p["final_error"], p["holds"]) for p in tried])
@@ -245,7 +255,7 @@ def tune(spark, cfg, data, label: str, targets: List[float], max_seconds: float,
     for setting, algo in points:
         i = attempt(setting, algo)
     for _ in range(EXTEND):  # the best on the grid's edge: one step past it, so no optimum is cut off
-        nxt = beyond(label, tried, i)
+        nxt = beyond(split_wire(label)[0], tried, i)
         if nxt is None:
             break
         print(f"--- {label}: best so far {tried[i]['setting']} is on the grid's edge; trying {nxt[0]}", flush=True)
@@ -266,6 +276,11 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
     rows = []
     for label, r in results.items():
         row = {"algorithm": label}
+        fmt = split_wire(label)[1]
+
+        def ref_of(name: str) -> dict:  # the reference in the same wire format (sync@int8 against mpca@int8)
+            return results.get(f"{name}@{fmt}" if fmt else name) or results.get(name, {})
+
         if any(x.get("setting") for x in results.values()):
             row["setting"] = r.get("setting") or ""
         for t in targets:
@@ -275,12 +290,12 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
                 lo, hi = r["time_range"][t]
                 row[f"t({100 * t:g}%) min-max"] = "" if math.isnan(lo) else f"{lo:.3g}-{hi:.3g}"
             for ref in ("single", "mpca"):
-                base = results.get(ref, {}).get("time_to", {}).get(t, math.nan)
+                base = ref_of(ref).get("time_to", {}).get(t, math.nan)
                 row[f"t({100 * t:g}%)/{ref}"] = v / base if base and not math.isnan(base) else math.nan
         if "after_start_up_s" in r:
             last = targets[-1]
             row[f"t({100 * last:g}%) after start-up s"] = after = r["after_start_up_s"]
-            base = results.get("mpca", {}).get("after_start_up_s", math.nan)
+            base = ref_of("mpca").get("after_start_up_s", math.nan)
             row[f"t({100 * last:g}%) after start-up/mpca"] = \
                 after / base if base and not math.isnan(base) else math.nan
         if any(x.get("spread") for x in results.values()):
@@ -288,6 +303,7 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
         if r.get("emulation") and verdict(r["emulation"]):
             row["emulated devices"] = verdict(r["emulation"])  # INVALID: not a result (agents behind T, CPU full)
         row.update({"final error %": 100 * r["final_error"], "MB moved": r["bytes"] / 1e6,
+                    "MB per cycle": r["bytes_per_cycle"] / 1e6,
                     "duty cycle": r["duty_cycle"], "start-up s": _nan(r.get("agents_up_s")),
                     "first exchange s": _nan(r.get("first_exchange_s")), "samples/s": r.get("samples_per_s", math.nan),
                     "agents' cores": r.get("cpu", {}).get("agents", math.nan)})
@@ -323,15 +339,17 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     _warm_up(spark, cfg, data, out)
     chosen: Dict[str, tuple] = {}
     for label in labels:
-        algo = (variants or {}).get(label) or ABLATIONS.get(label) or {"name": label}
+        base, wire = split_wire(label)
+        algo = (variants or {}).get(base) or ABLATIONS.get(base) or {"name": base}
         setting, tried = None, []
-        if tune_grid and regime is not None and label not in (variants or {}) and label not in ABLATIONS:
-            algo, setting, tried = tune(spark, cfg, data, label, targets, max_seconds, out, straggler, regime.ratio)
+        if tune_grid and regime is not None and base not in (variants or {}) and base not in ABLATIONS:
+            algo, setting, tried = tune(spark, cfg, data, label, targets, max_seconds, out, straggler, regime.ratio,
+                                        wire)
         chosen[label] = (algo, setting, tried)
     runs_of: Dict[str, List[dict]] = {label: [] for label in labels}
     for seq, (label, i) in enumerate(interleaved(labels, repeats)):
         run = run_one(spark, cfg, data, label if repeats == 1 else f"{label}:r{i}", chosen[label][0], targets,
-                      max_seconds, out, straggler)
+                      max_seconds, out, straggler, split_wire(label)[1])
         runs_of[label].append({**run, "sequence": seq})
     results: Dict[str, dict] = {}
     for label in labels:
@@ -344,6 +362,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                           "time_to": {t: _median([r["time_to"][t] for r in runs]) for t in targets},
                           "final_error": statistics.median(r["final_error"] for r in runs),
                           "bytes": statistics.median(r["bytes"] for r in runs),
+                          "bytes_per_cycle": _median([r["bytes_per_cycle"] for r in runs]),
                           "duty_cycle": statistics.median(r["duty_cycle"] for r in runs), "repeats": len(runs),
                           "samples_per_s": _median([r["samples_per_s"] for r in runs]),
                           "agents_up_s": _median([_nan(r["agents_up_s"]) for r in runs]),
@@ -366,6 +385,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
         "model": cfg.model.name, "model_args": cfg.model.args, "data": cfg.data.dataset or cfg.data.path,
         "comm_comp_ratio": mpca.get("comm_comp"), "cycle_overlap": mpca.get("overlap"),
         "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
+                                                  "bytes_per_cycle",
                                                   "duty_cycle", "repeats", "figures", "samples_per_s", "cpu",
                                                   "emulation", "setting", "grid", "spread", "agents_up_s",
                                                   "first_exchange_s", "after_start_up_s", "runs")}
@@ -451,6 +471,9 @@ def main(argv=None, *, nested: bool = False) -> int:
                     "--algorithms mpca,mpca:uniform,mpca:uncontested)")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL=NAME,key=value,...",
                     help="an algorithm with its own settings under LABEL, e.g. 'push:2=weaksync,c=2' (repeatable)")
+    ap.add_argument("--wire", metavar="FORMAT,...", help="run every algorithm once per wire format, labelled "
+                    "ALGO@FORMAT, e.g. fp32,int8 (mpca.algorithm.wire; one format: wire.format=FORMAT does the same "
+                    "without the suffix)")
     ap.add_argument("--device-step", type=float, metavar="SECONDS",
                     help="emulated devices: every agent's training step takes this wall time, for every algorithm "
                          "(training.device_step_s); runs where agents fall behind it or the machine is saturated "
@@ -509,6 +532,13 @@ def main(argv=None, *, nested: bool = False) -> int:
             raise UserError(f"--algorithms: unknown {a!r}; choose from {', '.join(algorithm_names())}")
     if args.ablations:
         labels += [a for a in ABLATIONS if a not in labels and (args.straggler or a != "mpca:uncontested")]
+    if args.wire:
+        from mpca.algorithm.wire import FORMATS
+
+        formats = [f.strip() for f in args.wire.split(",") if f.strip()]
+        if not formats or any(f not in FORMATS for f in formats):
+            raise UserError(f"--wire takes formats among {', '.join(FORMATS)}, comma-separated, got {args.wire!r}")
+        labels = [f"{label}@{f}" for label in labels for f in formats]
     from mpca.bench.straggler import parse
 
     try:

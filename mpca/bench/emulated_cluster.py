@@ -140,4 +140,3 @@ def run_inside(workers: int, link: str, command: Sequence[str], replace: bool = 
         for s, h in old.items():
             signal.signal(s, h)
     return (128 - rc if rc < 0 else rc), ""
-

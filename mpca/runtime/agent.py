@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from mpca.algorithm import AgentContext, AgentRule, Algorithm, ShardLayout, build_algorithm
-from mpca.config import DataSection, TrainingSection
+from mpca.algorithm.wire import Codec, ErrorFeedback
+from mpca.config import DataSection, TrainingSection, WireSection
 from mpca.data.checks import label_counts
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError, listen
@@ -51,11 +52,16 @@ class AgentSpec:
     algorithm: Algorithm = field(default_factory=lambda: build_algorithm("single"))  # its agent rule, buffers
     training: TrainingSection = field(default_factory=TrainingSection)  # agents, batch size, pinning, device
     data: DataSection = field(default_factory=DataSection)  # input shape, memory budget
+    wire: WireSection = field(default_factory=WireSection)  # how shards cross the network
     seed: int = 0
     idle_timeout_s: float = 300.0
     max_payload: int = 8 * 1024 ** 3
     service: Optional[Tuple[str, int]] = None  # the driver's parameter service, for agent-initiated algorithms
     rendezvous: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def codec(self) -> Codec:
+        return Codec.of(self.wire.format, self.wire.block, self.layout.wire_dtype)
 
     @property
     def join_on_retry(self) -> bool:
@@ -164,10 +170,13 @@ class Agent:
 
             host, port = spec.service
             self.service = ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload)
-        ctx = AgentContext(agent_id=agent_id, agents=spec.training.agents, model=self.model, optimizer=self.optimizer,
-                           shards=self.shards, device=self.device, rows=int(features.shape[0]), service=self.service,
-                           rendezvous=dict(spec.rendezvous), lock=self.lock, stats=self._counters,
-                           stopping=lambda: self.stop_requested)
+        ctx = AgentContext(agent_id=agent_id, agents=spec.training.agents, model=self.model,
+                           optimizer=self.optimizer, shards=self.shards, device=self.device,
+                           rows=int(features.shape[0]), service=self.service, rendezvous=dict(spec.rendezvous),
+                           lock=self.lock, stats=self._counters, stopping=lambda: self.stop_requested,
+                           wire=ErrorFeedback(spec.codec))
+        self.codec = spec.codec
+        self.feedback = ErrorFeedback(self.codec)  # what its last contribution of each shard lost (lossy formats)
         self.rule: AgentRule = spec.algorithm.agent_factory()(ctx)
         self._anchor = [[v.detach().clone() for v in self.shards.views(s)] for s in range(spec.layout.num_shards)]
         self.resets = 0
@@ -345,7 +354,7 @@ class Agent:
             return {"ok": True}, None
         if op == "deliver":
             s = self._shard(header)
-            vec = torch.from_numpy(np.frombuffer(payload, dtype=_np_dtype(self.spec.layout.wire_dtype)))
+            vec = torch.from_numpy(self.codec.decode(payload, self.spec.layout.shard_numel(s)))
             pieces = self.shards.split(s, vec)  # conversion and host→device copy outside the lock
             with self._served():
                 if cycle is not None:
@@ -383,7 +392,7 @@ class Agent:
             rep = self.report(weight=float(weight), extra=extra, **{k: counters[k] for k in
                                                                   ("steps_per_s", "loss", "exchange_s", "alive_s",
                                                                    *DeviceClock.FIELDS)})
-            return rep.to_dict(), vec.numpy().tobytes()
+            return rep.to_dict(), self.feedback.encode(s, vec.numpy()) if weight > 0 else vec.numpy().tobytes()
         if op == "stop":
             self.stop_requested = True
             return {"ok": True, **self.report().to_dict()}, None

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from mpca.algorithm import DriverRule
+from mpca.algorithm.wire import Codec, ErrorFeedback
 from mpca.runtime.reports import AgentReport
 from mpca.runtime.service import ParameterService
 
@@ -23,10 +24,11 @@ class DriverService:
     """Answers agents' requests with ``rule.serve`` (after checking the agent and that the payload is finite) and
     keeps each agent's latest report for the driver's observing cycles."""
 
-    def __init__(self, rule: DriverRule, secret: bytes, wire_dtype: torch.dtype, max_payload: int, host: str,
+    def __init__(self, rule: DriverRule, secret: bytes, codec: Codec, max_payload: int, host: str,
                  port: int, agents: int):
         self.rule, self.agents = rule, agents
-        self.wire = np.dtype(str(wire_dtype).replace("torch.", ""))
+        self.codec = codec
+        self.feedback = ErrorFeedback(codec)  # the answers' residual, one stream per agent
         self.reports: Dict[int, AgentReport] = {}
         self.requests: Dict[int, int] = {}
         self.bytes_in = self.bytes_out = 0  # payloads received from / sent to agents
@@ -42,17 +44,19 @@ class DriverService:
         agent = int(header["agent"])
         if not 0 <= agent < self.agents:
             raise ValueError(f"no agent {agent} in this run")
-        vec = torch.from_numpy(np.frombuffer(payload, dtype=self.wire).copy())
+        n = int(header.get("n", len(payload) // np.dtype(self.codec.dtype).itemsize))
+        vec = torch.from_numpy(self.codec.decode(payload, n))
         if not bool(torch.isfinite(vec).all()):
             raise ValueError(f"agent {agent} sent NaN/Inf; refused (the joint model stays finite)")
         reply, out = self.rule.serve(agent, header, vec)
+        data = None if out is None else self.feedback.encode(agent, out.numpy())
         with self.cond:
             self.reports[agent] = AgentReport.from_dict({**header, "agent": agent})
             self.requests[agent] = self.requests.get(agent, 0) + 1
             self.bytes_in += len(payload)
-            self.bytes_out += 0 if out is None else out.numel() * out.element_size()
+            self.bytes_out += 0 if data is None else len(data)
             self.cond.notify_all()
-        return reply, None if out is None else np.ascontiguousarray(out.numpy(), dtype=self.wire)
+        return ({**reply, "n": out.numel()} if out is not None else reply), data
 
     def observe(self, period_s: float) -> Dict[int, AgentReport]:
         """Wait until every agent has called since the last observation (at most ``period_s``); their reports."""

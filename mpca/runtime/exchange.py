@@ -29,6 +29,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import numpy as np
 
 from mpca.algorithm.rules import WeightedSum
+from mpca.algorithm.wire import Codec, EncodedSum
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError
 from mpca.runtime.record import ExchangeRecord
@@ -51,7 +52,8 @@ class ExchangePlan:
     reduce_shard: Optional[int] = None
     bcast_shard: Optional[int] = None
     params: Optional[Dict[str, Any]] = None  # the algorithm's cycle parameters (JSON), sent with deliver and yield
-    wire_dtype: str = "float32"
+    codec: Codec = Codec()  # the wire format of shards going up and down (fp32: the layout's wire dtype)
+    reduce_numel: int = 0  # values of the reduced shard (to decode a lossy contribution)
     timeout_s: float = 120.0
     wait_for_agent_s: float = 0.0  # how long to wait for an agent socket to appear (agents still starting)
     agent_wait_s: float = 10.0  # how long a silent agent may keep a task waiting (cluster.agent_wait_s)
@@ -92,11 +94,12 @@ def _claim(plan: ExchangePlan):
 
 def _deliver(plan: ExchangePlan, ch: Channel, bcast, entry: AgentReport) -> None:
     """Hand the broadcast shard to the claimed agent (the Future); ``join``: every shard, to a replacement."""
-    vec = np.frombuffer(bcast.value, dtype=plan.wire_dtype)
+    data = memoryview(bcast.value)  # encoded by the driver (a join: the whole model in the values' own dtype)
     entry.t_bc_loaded = time.time()
     op = "join" if plan.op == "join" else "deliver"
     header, _ = ch.request({"op": op, "shard": plan.bcast_shard, "cycle": plan.cycle, "params": plan.params or {}},
-                           memoryview(vec), timeout=plan.timeout_s)
+                           data, timeout=plan.timeout_s)
+    entry.bytes_down = len(data)
     if not header.get("ok"):
         entry.error = f"deliver refused: {header}"
     entry.t_bc = time.time()
@@ -114,8 +117,14 @@ def _yield(plan: ExchangePlan, ch: Channel, entry: AgentReport, rec: ExchangeRec
     if "agent" not in header:  # the agent answered with an error instead of its shard
         entry.error = f"agent {entry.agent} could not yield shard {plan.reduce_shard}: {header.get('error')}"
         return
-    rec.partial = WeightedSum.of(np.frombuffer(payload, dtype=plan.wire_dtype), float(header["weight"]))
     entry.update(header)
+    entry.bytes_up = len(payload)
+    weight, codec = float(header["weight"]), plan.codec
+    if codec.lossy:  # Σ τ x goes up encoded; the tree's levels add decoded values (mpca.algorithm.wire.EncodedSum)
+        rec.partial = EncodedSum.of(codec.decode(payload, plan.reduce_numel) if weight > 0 else
+                                    np.zeros(plan.reduce_numel, np.float32), weight, codec)
+    else:
+        rec.partial = WeightedSum.of(np.frombuffer(payload, dtype=codec.dtype), weight)
 
 
 def run_niced(fn, *args):

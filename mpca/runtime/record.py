@@ -8,16 +8,20 @@ which the driver refuses).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Union
 
 from mpca.algorithm.rules import WeightedSum
+from mpca.algorithm.wire import EncodedSum
 from mpca.runtime.reports import AgentReport
+
+
+Partial = Union[WeightedSum, EncodedSum]  # fp32: exact sums; lossy wire formats: encoded sums
 
 
 @dataclass
 class ExchangeRecord:
-    partial: WeightedSum = field(default_factory=lambda: WeightedSum(None, 0.0))
+    partial: Partial = field(default_factory=lambda: WeightedSum(None, 0.0))
     agents: Dict[int, AgentReport] = field(default_factory=dict)  # answered a reduce (or control) task
     delivered: Dict[int, AgentReport] = field(default_factory=dict)  # handed the broadcast
     misplaced: List[str] = field(default_factory=list)  # executors where a task found no unclaimed agent
@@ -26,7 +30,7 @@ class ExchangeRecord:
     def merge(self, other: "ExchangeRecord") -> "ExchangeRecord":
         """Both records in one (treeReduce's function): partial sums added, reports united."""
         dups = self.duplicates + other.duplicates
-        return ExchangeRecord(self.partial.combine(other.partial), _union(self.agents, other.agents, dups),
+        return ExchangeRecord(_combine(self.partial, other.partial), _union(self.agents, other.agents, dups),
                               _union(self.delivered, other.delivered, dups), self.misplaced + other.misplaced, dups)
 
     def errors(self) -> Dict[int, str]:
@@ -36,6 +40,20 @@ class ExchangeRecord:
 
 def merge_records(a: ExchangeRecord, b: ExchangeRecord) -> ExchangeRecord:
     return a.merge(b)
+
+
+def _combine(a: Partial, b: Partial) -> Partial:
+    """Two partials of Eq. 9; an empty one (no contribution yet: the default) takes the other's kind."""
+    if isinstance(a, WeightedSum) and a.total is None and not isinstance(b, WeightedSum):
+        return replace(b, weight=a.weight + b.weight)
+    if isinstance(b, WeightedSum) and b.total is None and not isinstance(a, WeightedSum):
+        return replace(a, weight=a.weight + b.weight)
+    return a.combine(b)
+
+
+def as_weighted_sum(partial: Partial) -> WeightedSum:
+    """The partial as the driver rule takes it (a lossy one decoded)."""
+    return partial if isinstance(partial, WeightedSum) else partial.decoded()
 
 
 def _union(a: Dict[int, AgentReport], b: Dict[int, AgentReport], dups: List[int]) -> Dict[int, AgentReport]:

@@ -41,6 +41,8 @@ class AgentReport:
     extra: Dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
     exchange_cpu_s: Optional[float] = None  # CPU seconds of the exchange task's Python thread
+    bytes_up: Optional[int] = None  # bytes of the shard it yielded, as sent (in the run's wire format)
+    bytes_down: Optional[int] = None  # bytes of the broadcast it was handed, as sent
     t_start: Optional[float] = None
     t_yield: Optional[float] = None
     t_bc_loaded: Optional[float] = None

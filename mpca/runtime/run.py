@@ -15,10 +15,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from mpca.algorithm import ShardLayout
+from mpca.algorithm.wire import Codec
 from mpca.config import Settings
 from mpca.data.checks import label_skew
 from mpca.errors import RunFailedError
-from mpca.runtime import cluster
+from mpca.runtime import cluster, control
 from mpca.runtime.agent import AgentSpec, model_state
 from mpca.runtime.agent_job import AgentJob
 from mpca.runtime.driver_service import DriverService
@@ -52,14 +53,16 @@ class AgentRun:
         secret = secrets.token_bytes(32)
         max_payload = sum(self.layout.shard_nbytes(s) for s in range(self.layout.num_shards)) + 4096
         host = settings.cluster.service_host or self.sc.getConf().get("spark.driver.host") or "127.0.0.1"
+        self.codec = Codec.of(settings.wire.format, settings.wire.block, self.layout.wire_dtype)
         self.service = None
         if algo.exchange == "service":
-            self.service = DriverService(self.rule, secret, self.layout.wire_dtype, max_payload, host,
-                                        settings.cluster.service_port, self.agents)
+            self.service = DriverService(self.rule, secret, self.codec, max_payload, host,
+                                         settings.cluster.service_port, self.agents)
         self.spec = AgentSpec(run_id=self.run_id, secret=secret, model_fn=model_fn, loss_fn=loss_fn,
                               optimizer_fn=optimizer_fn, layout=self.layout, init_state=model_state(model),
-                              algorithm=algo, training=training, data=settings.data, seed=settings.seed,
-                              max_payload=max_payload, service=self.service.address if self.service else None,
+                              algorithm=algo, training=training, data=settings.data, wire=settings.wire,
+                              seed=settings.seed, max_payload=max_payload,
+                              service=self.service.address if self.service else None,
                               rendezvous=self.rule.rendezvous(host, settings.cluster.service_port))
         self.profile = cluster.agent_resource_profile(use_gpus, pinned=self.shape.agent_slots_per_executor > 0)
         self.job = AgentJob(self.sc, self.run_id)
@@ -67,7 +70,7 @@ class AgentRun:
         roster = AgentRoster(range(self.agents), settings.cluster.agent_wait_s, training.min_agents,
                              settings.cluster.agent_lost_timeout_s)
         self.pipeline = ExchangePipeline(self.sc, self.run_id, secret, self.rule, algo, roster,
-                                         self.layout.wire_dtype, self.timeline, executors=self.shape.executors,
+                                         self.codec, self.timeline, executors=self.shape.executors,
                                          observe=self.service.observe if self.service else None,
                                          split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2)
         self.pipeline.restore_pending(pending)
@@ -81,8 +84,9 @@ class AgentRun:
         self.job.start(self._train_df, self.agents, self.spec, data.features, data.label, self.profile,
                        shuffle=data.shuffle)
         try:
-            self.agent_info = self.pipeline.hello(self.agents, self.settings.cluster.agent_start_timeout_s,
-                                                  self.job.alive, self.job.failure)
+            self.agent_info = control.hello(self.pipeline.jobs, self.agents,
+                                            self.settings.cluster.agent_start_timeout_s, self.job.alive,
+                                            self.job.failure)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -100,7 +104,7 @@ class AgentRun:
 
     def agent_status(self) -> Dict[int, AgentReport]:
         """Steps and samples of every agent right now (a light control job, no shard moves)."""
-        return self.pipeline.status()
+        return control.status(self.pipeline.jobs)
 
     def joint_vectors(self) -> List[torch.Tensor]:
         """A consistent copy of the joint model, one vector per shard."""
@@ -121,14 +125,16 @@ class AgentRun:
 
     def counters(self) -> RunCounters:
         pipe = self.pipeline
-        return RunCounters(jobs=dict(pipe.jobs), broadcasts=dict(pipe.broadcasts.counts), job_group=pipe.job_group,
+        return RunCounters(jobs=dict(pipe.jobs.counts), broadcasts=dict(pipe.broadcasts.counts),
+                           job_group=pipe.jobs.job_group,
                            service_bytes=self.service.bytes_in + self.service.bytes_out if self.service else 0)
 
     def __exit__(self, *exc) -> None:
         try:
             self.pipeline.flush()
             self.rule.on_stop()
-            self.stopped = self.pipeline.stop_agents()
+            self.stopped = control.stop_agents(self.pipeline.jobs)
+            self.pipeline.close()
             if not self.job.join(30):
                 self.job.cancel()
                 self.job.join(10)

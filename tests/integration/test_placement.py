@@ -56,8 +56,10 @@ def test_executors_with_two_agent_slots_hold_two_agents_each_with_one_job_per_cy
     from collections import Counter
 
     df = dataset_dataframe(spark, "digits")
+    # emulated devices (every step 50 ms, most of it idle): four agents and their exchange tasks on this machine's
+    # two cores would otherwise starve the cycles' tasks for minutes; placement is what is tested here
     fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=4, input_shape=(1, 8, 8),
-                  max_cycles=12, eval_every_cycles=100, spark=spark).fit(df)
+                  max_cycles=12, eval_every_cycles=100, device_step_s=0.05, spark=spark).fit(df)
     assert sorted(Counter(s["executor"] for s in fit.agents).values()) == [2, 2], fit.agents
     jobs = fit.counters.jobs
     assert (jobs["cycle"] + jobs["correction"]) / fit.cycles <= 1.05, jobs

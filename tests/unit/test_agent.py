@@ -9,7 +9,7 @@ import torch
 
 from mpca.algorithm import ShardLayout
 from mpca.algorithm.mpca import MPCA
-from mpca.config import DataSection, TrainingSection
+from mpca.config import DataSection, TrainingSection, WireSection
 from mpca.runtime.agent import Agent, AgentSpec, model_state
 
 _SMALL = {"data": DataSection(input_shape=[3]), "training": TrainingSection(batch_size=2)}
@@ -400,3 +400,29 @@ def test_device_clock_counts_late_steps_and_leaves_hook_time_out_of_compute():
     free = DeviceClock(None, sleep=slept.append)
     free.finish(free.start(0.0), 0.0)
     assert free.late_steps == 0 and len(slept) == 1  # no emulation: measured, never padded
+
+
+def test_a_lossy_wire_yields_its_shard_encoded_with_error_feedback_and_decodes_deliveries():
+    """wire int4: the agent's contribution goes up as int4 (block scales + nibbles), what it lost is added to
+    its next contribution of that shard, and a delivered int4 projection is decoded into its anchor."""
+    from mpca.algorithm.wire import Codec
+
+    m = _model()
+    spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
+                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 1), init_state=model_state(m),
+                     algorithm=MPCA(shards=1, pull="elastic"), wire=WireSection(format="int4", block=64), **_SMALL)
+    a = Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+    codec, n = Codec("int4", 64), spec.layout.shard_numel(0)
+    _stepped(a, 1)
+    x = a.shards.read(0).numpy()
+    header, payload = a.handle({"op": "yield", "shard": 0, "cycle": 0}, b"")
+    assert header["weight"] == 1 and len(payload) == codec.nbytes(n) == 4 + 4  # 8 values: one scale, 4 bytes
+    lost = x - codec.decode(payload, n)
+    np.testing.assert_allclose(a.feedback.residual[0], lost, atol=1e-7)
+    _stepped(a, 1)
+    _, again = a.handle({"op": "yield", "shard": 0, "cycle": 1}, b"")
+    assert again == codec.encode(x + lost)  # the frozen step changed nothing: the same shard plus what was lost
+    target = np.linspace(-1, 1, n).astype(np.float32)
+    a.handle({"op": "deliver", "shard": 0, "cycle": 2, "params": {"alpha": 0.0}}, bytearray(codec.encode(target)))
+    received = torch.cat([p.reshape(-1) for p in a.rule.targets[0]])  # the elastic pull's target x*
+    assert torch.equal(received, torch.from_numpy(codec.decode(codec.encode(target), n)))

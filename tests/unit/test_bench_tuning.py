@@ -127,3 +127,18 @@ def test_time_after_start_up_is_each_run_s_time_to_target_less_its_start_up_then
     runs[1]["time_to"][0.24] = math.nan  # a repeat that missed the target: no median of the others
     assert math.isnan(after_start_up(runs, 0.24))
     assert math.isnan(after_start_up([{"time_to": {0.24: 30.0}, "agents_up_s": None}], 0.24))
+
+
+def test_each_wire_format_is_its_own_row_measured_against_mpca_in_the_same_format():
+    from mpca.bench.compare import split_wire, table
+
+    assert split_wire("sync@int8") == ("sync", "int8") and split_wire("mpca:gamma0") == ("mpca:gamma0", None)
+
+    def result(t, mb):
+        return {"time_to": {0.3: t}, "final_error": 0.2, "bytes": mb * 1e6 * 10, "bytes_per_cycle": mb * 1e6,
+                "duty_cycle": 1.0, "agents_up_s": 5.0, "first_exchange_s": 7.0, "cpu": {}}
+
+    rows = table({"mpca@fp32": result(40.0, 8.0), "mpca@int8": result(30.0, 2.0),
+                  "sync@fp32": result(60.0, 8.0), "sync@int8": result(45.0, 2.0)}, [0.3]).set_index("algorithm")
+    assert rows.loc["sync@int8", "t(30%)/mpca"] == 1.5 and rows.loc["sync@fp32", "t(30%)/mpca"] == 1.5
+    assert rows.loc["mpca@int8", "MB per cycle"] == 2.0 and rows.loc["mpca@fp32", "MB per cycle"] == 8.0

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from mpca.algorithm import WeightedSum
+from mpca.algorithm.wire import Codec
 from mpca.errors import ClusterTooSmallError, UserError
 from mpca.runtime.cluster import ClusterShape, check_capacity, require_classic
 from mpca.runtime.record import ExchangeRecord, merge_records
@@ -80,7 +81,7 @@ def _pipeline(executors=1):
 
     algorithm = MPCA(shards=1)
     rule = algorithm.driver_rule([torch.zeros(4)], agents=2)
-    return ExchangePipeline(None, "r", b"s", rule, algorithm, AgentRoster([0, 1]), torch.float32, executors=executors)
+    return ExchangePipeline(None, "r", b"s", rule, algorithm, AgentRoster([0, 1]), Codec(), executors=executors)
 
 
 def _answered(*agents, joining=()):
@@ -136,19 +137,21 @@ def test_with_fewer_agents_than_executors_jobs_reach_every_executor_at_once(monk
         sent.append((plan.op, tasks, plan.wait_for_agent_s))
         return _answered(*agents)
 
+    from mpca.runtime import control
+
     p = _pipeline(executors=2)
     p.roster.agents = [0]
-    monkeypatch.setattr(p, "run_job", fake)
-    monkeypatch.setattr(p, "run_parts", lambda parts, d, purpose: fake(parts[0][0], parts[0][1], None, d))
-    p.hello(1, 5.0, lambda: True)
-    plan = p.plan("c0", "reduce")
+    monkeypatch.setattr(p.jobs, "run", fake)
+    monkeypatch.setattr(p.jobs, "run_parts", lambda parts, d, purpose: fake(parts[0][0], parts[0][1], None, d))
+    control.hello(p.jobs, 1, 5.0, lambda: True)
+    plan = p.jobs.plan("c0", "reduce")
     p.job_with_corrections(plan, None, None, "cycle 0", Rec(0, 0, None, t_submit=0.0))
     assert sent == [("hello", 4, 2.0), ("reduce", 4, 0.0)]
     sent.clear()
     agents.append(1)
     p = _pipeline(executors=2)  # two agents on two executors: exactly K tasks, as before
-    monkeypatch.setattr(p, "run_job", fake)
-    monkeypatch.setattr(p, "run_parts", lambda parts, d, purpose: fake(parts[0][0], parts[0][1], None, d))
+    monkeypatch.setattr(p.jobs, "run", fake)
+    monkeypatch.setattr(p.jobs, "run_parts", lambda parts, d, purpose: fake(parts[0][0], parts[0][1], None, d))
     monkeypatch.setattr(p.roster, "track", lambda rec, result: None)
     p.job_with_corrections(plan, None, None, "cycle 0", Rec(0, 0, None, t_submit=0.0))
     assert sent[0][1] == 2

@@ -1,0 +1,68 @@
+"""Control jobs: the agents' start handshake, a status probe and the stop — light jobs that move no shard."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Dict
+
+from mpca.errors import RunFailedError
+from mpca.runtime.jobs import ExchangeJobs
+from mpca.runtime.reports import AgentReport
+
+log = logging.getLogger("mpca.pipeline")
+
+STOP_ATTEMPTS = 6
+
+
+def hello(jobs: ExchangeJobs, expected: int, timeout_s: float, agent_job_alive: Callable[[], bool],
+          why_ended: Callable[[], str] = lambda: "see the executors' logs") -> Dict[int, AgentReport]:
+    """Wait until ``expected`` distinct agents answer (they may still be loading their data); they become the
+    roster's agents."""
+    seen: Dict[int, AgentReport] = {}
+    deadline = time.time() + timeout_s
+    attempt = 0
+    while len(seen) < expected:
+        if time.time() > deadline:
+            raise RunFailedError(f"only {len(seen)} of {expected} agents came up within {timeout_s:.0f}s "
+                                 f"(agents seen: {sorted(seen)}); check executor logs")
+        if not agent_job_alive():
+            raise RunFailedError(f"the agents' Spark job ended before all agents came up: {why_ended()}")
+        # fewer agents than executors: some executor has none, so reach every executor at once and let the
+        # tasks that find no agent give up soon, rather than waiting 10 s on an agent-less executor
+        sparse = expected < jobs.executors
+        plan = jobs.plan(f"hello{attempt}", "hello", wait_for_agent_s=2.0 if sparse else 10.0)
+        res = jobs.run(plan, jobs.spread(expected, 1 if sparse else attempt), None,
+                       f"mpca: waiting for agents (attempt {attempt})")
+        for a, e in res.agents.items():
+            if e.error:
+                raise RunFailedError(f"agent {a} failed: {e.error}")
+            seen[a] = e
+            jobs.roster.pids[a] = e.pid
+        attempt += 1
+    jobs.roster.reset(seen)
+    return seen
+
+
+def status(jobs: ExchangeJobs) -> Dict[int, AgentReport]:
+    """Steps and samples of every agent right now."""
+    plan = jobs.plan(f"status{time.time()}", "hello")
+    K = len(jobs.roster.agents)
+    attempt = 0 if jobs.executors == K else 1  # extra executors: over-provision at once
+    return jobs.run(plan, jobs.spread(K, attempt), None, "mpca: agent status").agents
+
+
+def stop_agents(jobs: ExchangeJobs) -> Dict[int, AgentReport]:
+    """Tell every agent to stop (best effort: the caller cancels the agents' job afterwards); their last reports."""
+    stopped: Dict[int, AgentReport] = {}
+    for attempt in range(STOP_ATTEMPTS):
+        left = [a for a in jobs.roster.agents if a not in stopped]
+        if not left:
+            break
+        try:
+            res = jobs.run(jobs.plan(f"stop{attempt}", "stop"), jobs.spread(len(left), attempt), None,
+                           "mpca: stopping agents")
+        except Exception as e:  # noqa: BLE001 - best effort; the agent job is cancelled afterwards
+            log.warning("stopping agents failed: %s", e)
+            break
+        stopped.update(res.agents)
+    return stopped

@@ -1,0 +1,38 @@
+"""Compressed exchange on a real local-cluster: every algorithm family trains with int8 (up and down, with
+error feedback), and the bytes each cycle moves are those of the wire format, measured where they are sent."""
+import pytest
+
+from mpca.algorithm.wire import Codec
+from mpca.data.datasets import dataset_dataframe
+from mpca.trainer import Trainer
+from tests import helpers
+
+pytestmark = pytest.mark.cluster()
+
+SETTINGS = dict(agents=2, input_shape=(1, 8, 8), eval_every_cycles=5)
+
+
+@pytest.mark.parametrize("algorithm", ["mpca", {"name": "sync", "every": 10}, {"name": "diloco", "every": 10},
+                                       {"name": "easgd", "every": 5}, {"name": "downpour", "every": 5}],
+                         ids=["mpca", "sync", "diloco", "easgd", "downpour"])
+def test_each_algorithm_trains_digits_with_int8_on_the_wire(spark, algorithm):
+    df = dataset_dataframe(spark, "digits")
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, algorithm=algorithm, wire="int8",
+                  max_seconds=25, target_error=0.2, spark=spark, **SETTINGS).fit(df)
+    assert fit.final.error < 0.35, (fit.algorithm, fit.final.error)
+    numel = sum(p.numel() for p in helpers.small_cnn().parameters())
+    if fit.counters.service_bytes:  # agent-initiated: every request and answer is one int8 model
+        assert fit.counters.service_bytes % Codec("int8").nbytes(numel) == 0
+    else:
+        totals = fit.timeline.totals
+        assert totals.bytes_up > 0 and totals.bytes_up <= 0.27 * 4 * numel * fit.cycles * 2
+
+
+def test_mpca_cycles_move_a_quarter_of_the_fp32_bytes_with_int8(spark):
+    df = dataset_dataframe(spark, "digits")
+    runs = {fmt: Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, wire=fmt, max_cycles=9,
+                         spark=spark, **SETTINGS).fit(df) for fmt in ("fp32", "bf16", "int8")}
+    per_yield = {fmt: sum(c.bytes_up for c in f.timeline.cycles) / sum(len(c.agents) for c in f.timeline.cycles)
+                 for fmt, f in runs.items()}
+    assert per_yield["bf16"] / per_yield["fp32"] <= 0.52 and per_yield["int8"] / per_yield["fp32"] <= 0.27
+    assert runs["int8"].final.error < 0.6
