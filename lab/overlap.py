@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cycles", type=int, default=8)
     ap.add_argument("--agents", type=int, default=2)
     ap.add_argument("--alone", type=int, default=5, help="jobs that only broadcast / only reduce, each")
+    ap.add_argument("--wire", default="fp32", help="wire format of the exchange (fp32, bf16, int8, int4)")
     args = ap.parse_args(argv)
     from mpca.algorithm import AlphaSchedule
     from mpca.algorithm.mpca import MPCA
@@ -99,20 +100,22 @@ def main(argv=None) -> int:
         df = to_dataframe(spark, rng.random((128, 10), dtype=np.float32), rng.integers(0, 10, 128), args.agents)
         fn = flat_model_fn(args.params)
         settings = settings_from(agents=args.agents, input_shape=(10,), batch_size=16, holdout=0.0,
-                                 executor_wait_s=120, algorithm=MPCA(shards=3, alpha=AlphaSchedule.constant(0.05)))
+                                 executor_wait_s=120, algorithm=MPCA(shards=3, alpha=AlphaSchedule.constant(0.05)),
+                                 wire=args.wire)
         events = TaskEvents(spark.sparkContext)  # Spark's own task launch / deserialization times
         with LinkSampler() as link, AgentRun(spark, df, model=fn(), model_fn=fn, loss_fn=cross_entropy,
                                              optimizer_fn=sgd, settings=settings) as run:
             pipe, K = run.pipeline, args.agents
             cycles = [run.cycle(c) for c in range(args.cycles)]
-            shard = np.ascontiguousarray(run.joint_vectors()[0].numpy()).tobytes()
+            shard = pipe.codec.encode(run.joint_vectors()[0].numpy())  # as the cycles send it
             B, R = [], []
             for i in range(args.alone):
                 bc = spark.sparkContext.broadcast(shard)
                 plan = pipe.jobs.plan(f"alone-b{i}", "deliver", bcast_shard=0, params={"alpha": 0.05})
                 B.append(_timed(lambda: pipe.jobs.run_parts([(plan, K, bc)], "mpca: broadcast alone", "control")))
                 bc.destroy(blocking=False)
-                plan = pipe.jobs.plan(f"alone-r{i}", "reduce", reduce_shard=i % 3, params={})
+                plan = pipe.jobs.plan(f"alone-r{i}", "reduce", reduce_shard=i % 3, params={},
+                                      reduce_numel=run.rule.shard_numel(i % 3))
                 R.append(_timed(lambda: pipe.jobs.run_parts([(plan, K, None)], "mpca: reduce alone", "control")))
         events.close()
         steady = []
@@ -135,18 +138,20 @@ def main(argv=None) -> int:
             if moved and rate:
                 tx, rx, dt = moved
                 row.update({"driver_tx_util": 8 * tx / dt / rate, "driver_rx_util": 8 * rx / dt / rate})
+            if moved:
+                row.update({"driver_tx_mb": moved[0] / 1e6, "driver_rx_mb": moved[1] / 1e6})  # its link, as counted
             print(json.dumps(row), flush=True)
             if c.bcast_shard is not None and c.cycle >= 3:
                 steady.append(row)
         if steady:
             cyc, b, r = statistics.median(x["cycle_s"] for x in steady), statistics.median(B), statistics.median(R)
-            summary = {"summary": True, "network": os.environ.get("MPCA_NETWORK", "local-cluster"),
+            summary = {"summary": True, "network": os.environ.get("MPCA_NETWORK", "local-cluster"), "wire": args.wire,
                        "shard_mb": len(shard) / 1e6, "agents": K, "split_tasks": pipe.split_tasks, "cycle_s": cyc,
                        "B_s": b, "R_s": r, "cycle_over_max_BR": cyc / max(b, r), "cycle_over_B_plus_R": cyc / (b + r),
                        "reduce_before_broadcast": sum(x["reduce_before_broadcast"] for x in steady),
                        "reduce_during_fetch": sum(x["reduce_during_fetch"] for x in steady),
                        "steady_cycles": len(steady)}
-            for k in ("driver_tx_util", "driver_rx_util"):
+            for k in ("driver_tx_util", "driver_rx_util", "driver_tx_mb", "driver_rx_mb"):
                 vals = [x[k] for x in steady if k in x]
                 if vals:
                     summary[k] = statistics.median(vals)
