@@ -340,7 +340,7 @@ def settings_from(base: Optional[Settings] = None, **options) -> Settings:
             if isinstance(value, dict) and value.get("name", algo.get("name")) != algo.get("name"):
                 algo = {k: v for k, v in algo.items() if k in ("buffers", "min_cycle_interval_s")}
             data["algorithm"] = {**algo, **value}
-        elif key in SHORTCUTS:
+        elif key in SHORTCUTS and not (key in Settings.model_fields and isinstance(value, (dict, BaseModel))):
             section, name = SHORTCUTS[key].split(".")
             data.setdefault(section, {})[name] = value
             stop_given = stop_given or section == "stop"

@@ -257,3 +257,11 @@ def test_a_dry_run_reports_problems_before_spark_as_one_line(tmp_path, capsys):
     code = main(["train", "--dry-run", "-c", "conf/digits.yaml", f"run.output_dir={tmp_path}/out",
                  f"data.path={tmp_path}/missing.parquet"])
     assert code == 2 and "does not exist" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_section_and_its_shortcut_share_a_name():
+    from mpca.config import settings_from
+
+    assert settings_from(wire="int8").wire.format == "int8"  # the shortcut: wire.format
+    whole = settings_from(wire={"format": "int4", "block": 128})  # the section, given whole
+    assert (whole.wire.format, whole.wire.block) == ("int4", 128)
