@@ -204,10 +204,11 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
     cpu = profile.stop(int(a["pid"]) for a in fit.agents if a.get("pid"))
     os.makedirs(os.path.join(out, _dirname(label)), exist_ok=True)
     fit.history.to_csv(os.path.join(out, _dirname(label), "history.csv"), index=False)
+    moved = _traffic(fit)
     return {"label": label, "algorithm": algorithm, "agents": settings.training.agents, "history": fit.history,
             "time_to": {t: time_to(fit.history, t) for t in targets}, "final_error": fit.final.error,
-            "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": _traffic(fit), "duty_cycle": _duty(fit),
-            "bytes_per_cycle": _traffic(fit) / fit.cycles if fit.cycles else math.nan,
+            "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": moved, "duty_cycle": _duty(fit),
+            "bytes_per_cycle": moved / fit.cycles if fit.cycles else math.nan,
             "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None, "figures": figures(fit.history),
             "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None,
             "samples_per_s": _samples_per_s(fit), "cpu": cpu, "agents_up_s": fit.agents_up_s,

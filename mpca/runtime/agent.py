@@ -170,12 +170,12 @@ class Agent:
 
             host, port = spec.service
             self.service = ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload)
+        self.codec = spec.codec
         ctx = AgentContext(agent_id=agent_id, agents=spec.training.agents, model=self.model,
                            optimizer=self.optimizer, shards=self.shards, device=self.device,
                            rows=int(features.shape[0]), service=self.service, rendezvous=dict(spec.rendezvous),
                            lock=self.lock, stats=self._counters, stopping=lambda: self.stop_requested,
-                           wire=ErrorFeedback(spec.codec))
-        self.codec = spec.codec
+                           wire=ErrorFeedback(self.codec))
         self.feedback = ErrorFeedback(self.codec)  # what its last contribution of each shard lost (lossy formats)
         self.rule: AgentRule = spec.algorithm.agent_factory()(ctx)
         self._anchor = [[v.detach().clone() for v in self.shards.views(s)] for s in range(spec.layout.num_shards)]

@@ -121,8 +121,8 @@ def _yield(plan: ExchangePlan, ch: Channel, entry: AgentReport, rec: ExchangeRec
     entry.bytes_up = len(payload)
     weight, codec = float(header["weight"]), plan.codec
     if codec.lossy:  # Σ τ x goes up encoded; the tree's levels add decoded values (mpca.algorithm.wire.EncodedSum)
-        rec.partial = EncodedSum.of(codec.decode(payload, plan.reduce_numel) if weight > 0 else
-                                    np.zeros(plan.reduce_numel, np.float32), weight, codec)
+        rec.partial = (EncodedSum.of(codec.decode(payload, plan.reduce_numel), weight, codec) if weight > 0 else
+                       EncodedSum(None, plan.reduce_numel, 0.0, codec))  # no steps: nothing to decode
     else:
         rec.partial = WeightedSum.of(np.frombuffer(payload, dtype=codec.dtype), weight)
 
