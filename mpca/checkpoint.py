@@ -7,7 +7,8 @@ cluster's own Hadoop FileSystem while Spark runs, else pyarrow; see :mod:`mpca.s
 * ``ckpt-<cycle>.pt``: ``torch.save`` of tensors and plain values only (the
   algorithm's name and its driver rule's ``state_dict`` — for MPCA the joint
   shards x̃, trajectories ṽ and reduction counts —, the next cycle, the
-  driver's model ``state_dict``), loaded back with ``weights_only=True`` so
+  driver's model ``state_dict``, with a lossy wire format the driver's
+  error-feedback residuals), loaded back with ``weights_only=True`` so
   nothing but tensors is ever unpickled;
 * ``ckpt-<cycle>.json``: its manifest with the SHA-256 of the data file.
 
@@ -49,6 +50,7 @@ class Checkpoint:
     wall_s: float
     path: str = ""
     pending: Optional[Dict[str, Any]] = None  # a reduction received but not staged yet (the pipeline's)
+    wire: Optional[Dict[str, Any]] = None  # the driver's error-feedback residuals (lossy wire formats)
 
 
 def check_location(location: str) -> None:
@@ -62,7 +64,7 @@ def save(location: str, ckpt: Checkpoint, keep: int = 3) -> str:
     store.sweep_temporaries()
     buf = io.BytesIO()
     torch.save({"format": FORMAT, "cycle": ckpt.cycle, "algorithm": ckpt.algorithm, "driver_state": ckpt.driver_state,
-                "pending": ckpt.pending,
+                "pending": ckpt.pending, "wire": ckpt.wire,
                 "model_state": ckpt.model_state,
                 "layout": [list(x) for x in ckpt.layout], "shards": ckpt.shards, "wall_s": ckpt.wall_s}, buf)
     data = buf.getvalue()
@@ -91,7 +93,7 @@ def read_manifest(store: Store, manifest_name: str) -> Optional[Checkpoint]:
     if state.get("format") != FORMAT:
         return None  # written by another version of mpca
     return Checkpoint(cycle=int(state["cycle"]), algorithm=str(state["algorithm"]), driver_state=state["driver_state"],
-                      pending=state.get("pending"),
+                      pending=state.get("pending"), wire=state.get("wire"),
                       model_state=state["model_state"],
                       layout=[tuple(x) for x in state["layout"]], shards=int(state["shards"]),
                       wall_s=float(state["wall_s"]), path=store.path(manifest["data"]))

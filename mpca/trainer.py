@@ -159,7 +159,7 @@ class Trainer:
             bound.write(s, v)
         driver_state, pending = run.checkpoint_state()
         return Checkpoint(cycle=cycle, algorithm=self.settings.algorithm.name, driver_state=driver_state,
-                          pending=pending, model_state=state, layout=specs, shards=run.layout.num_shards, wall_s=wall)
+                          pending=pending, wire=run.wire_state(), model_state=state, layout=specs, shards=run.layout.num_shards, wall_s=wall)
 
     # ------------------------------------------------------------------ fit
     def fit(self, df) -> FitResult:
@@ -189,7 +189,7 @@ class Trainer:
             self.on_cycle.start(st)
         run = AgentRun(spark, train_df, model=model, model_fn=self.model_fn, loss_fn=self.loss_fn,
                        optimizer_fn=self.optimizer_fn, settings=st, driver_state=ck.driver_state if ck else None,
-                       pending=ck.pending if ck else None)
+                       pending=ck.pending if ck else None, wire_state=ck.wire if ck else None)
         t0 = time.time() - prior_wall
         out = _Outcome(history=[], first_cycle=first_cycle, t0=t0, cycles=first_cycle)
         stop = StopRules(st.stop, t0, self.stop_requested)

@@ -148,7 +148,8 @@ class ErrorFeedback:
         return data
 
     def state_dict(self) -> Dict[str, object]:
-        return {"residual": {str(k): v.copy() for k, v in self.residual.items()}}
+        """The residuals (copies), keyed by ``str(stream)``; safe while another thread encodes."""
+        return {"residual": {str(k): v.copy() for k, v in list(self.residual.items())}}
 
     def load_state_dict(self, state: Dict[str, object], key=int) -> None:
         self.residual = {key(k): np.asarray(v, dtype=np.float32).copy() for k, v in state["residual"].items()}

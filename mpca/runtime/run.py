@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from mpca.algorithm import ShardLayout
-from mpca.algorithm.wire import Codec
+from mpca.algorithm.wire import Codec, ErrorFeedback
 from mpca.config import Settings
 from mpca.data.checks import label_skew
 from mpca.errors import RunFailedError
@@ -37,7 +37,7 @@ class AgentRun:
 
     def __init__(self, spark, train_df, *, model: torch.nn.Module, model_fn, loss_fn, optimizer_fn,
                  settings: Settings, driver_state: Optional[Dict[str, Any]] = None,
-                 pending: Optional[Dict[str, Any]] = None):
+                 pending: Optional[Dict[str, Any]] = None, wire_state: Optional[Dict[str, Any]] = None):
         cluster.require_classic(spark)
         self.settings = settings
         algo, training = settings.algorithm, settings.training
@@ -74,6 +74,7 @@ class AgentRun:
                                          observe=self.service.observe if self.service else None,
                                          split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2)
         self.pipeline.restore_pending(pending)
+        self._restore_wire(wire_state)
         self._train_df = train_df
         self.stopped: Dict[int, AgentReport] = {}
         self.agent_info: Dict[int, AgentReport] = {}
@@ -122,6 +123,39 @@ class AgentRun:
         """What a checkpoint needs besides the joint model: the driver rule's state and the reduction received
         but not staged yet (the 3-phase pipeline's)."""
         return self.rule.state_dict(), self.pipeline.pending_state()
+
+    def _senders(self) -> Dict[str, ErrorFeedback]:
+        """The driver's lossy streams: the broadcast projections (per shard) and the service's answers (per
+        agent).  The agents' own residuals are not the driver's to keep: a resumed run starts new agents from
+        the joint model, and what an old agent's last message lost belonged to a local model that is gone."""
+        senders = {"broadcast": self.pipeline.broadcasts.feedback}
+        if self.service is not None:
+            senders["service"] = self.service.feedback
+        return senders
+
+    def wire_state(self) -> Optional[Dict[str, Any]]:
+        """The driver's error-feedback residuals for a checkpoint (None with fp32: nothing is lost): a resumed
+        run's next message of each stream carries what the last one before the checkpoint lost."""
+        if not self.codec.lossy:
+            return None
+        state: Dict[str, Any] = {"format": self.codec.fmt, "block": self.codec.block}
+        for name, sender in self._senders().items():
+            state[name] = {k: torch.from_numpy(v) for k, v in sender.state_dict()["residual"].items()}
+        return state
+
+    def _restore_wire(self, state: Optional[Dict[str, Any]]) -> None:
+        if not state or not self.codec.lossy:
+            return
+        if (state.get("format"), state.get("block")) != (self.codec.fmt, self.codec.block):
+            log.info("resume: the checkpoint's wire residuals are of %s (block %s), this run sends %s (block %d): "
+                     "not used", state.get("format"), state.get("block"), self.codec.fmt, self.codec.block)
+            return
+        restored = 0
+        for name, sender in self._senders().items():
+            residual = {k: v.numpy() for k, v in state.get(name, {}).items()}
+            sender.load_state_dict({"residual": residual})
+            restored += len(residual)
+        log.info("resume: the driver's %s residuals of %d streams restored", self.codec.fmt, restored)
 
     def counters(self) -> RunCounters:
         pipe = self.pipeline

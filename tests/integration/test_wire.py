@@ -36,3 +36,27 @@ def test_mpca_cycles_move_a_quarter_of_the_fp32_bytes_with_int8(spark):
                  for fmt, f in runs.items()}
     assert per_yield["bf16"] / per_yield["fp32"] <= 0.52 and per_yield["int8"] / per_yield["fp32"] <= 0.27
     assert runs["int8"].final.error < 0.6
+
+
+def test_an_int8_checkpoint_holds_the_driver_residuals_and_resumes_with_them(spark, tmp_path, caplog):
+    """The driver's error feedback (one residual per broadcast shard) goes into the checkpoint; a resumed run
+    restores it and goes on training from the checkpoint's cycle."""
+    import logging
+
+    import numpy as np
+
+    from mpca import checkpoint
+
+    df = dataset_dataframe(spark, "digits")
+    common = dict(wire="int8", spark=spark, checkpoint_dir=str(tmp_path), checkpoint_every=3, **SETTINGS)
+    Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, max_cycles=7, **common).fit(df)
+    ck = checkpoint.latest(str(tmp_path))
+    wire = ck.wire
+    assert wire["format"] == "int8" and sorted(wire["broadcast"]) == ["0", "1", "2"]  # every shard went down
+    assert all(float(r.abs().max()) > 0 for r in wire["broadcast"].values())
+    with caplog.at_level(logging.INFO, logger="mpca.run"):
+        second = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, max_cycles=ck.cycle + 6,
+                         resume=True, **common).fit(df)
+    assert "the driver's int8 residuals of 3 streams restored" in caplog.text
+    assert second.first_cycle == ck.cycle and second.cycles == ck.cycle + 6
+    assert np.isfinite(second.final.error) and second.final.error < 0.6

@@ -64,3 +64,27 @@ def test_init_from_checkpoint_dir_and_bad_paths(tmp_path):
 def test_unreachable_uri_is_a_user_error():
     with pytest.raises(UserError, match="not reachable"):
         checkpoint.latest("nosuchscheme://bucket/path")
+
+
+def test_the_driver_wire_residuals_survive_a_checkpoint(tmp_path):
+    """A lossy run's checkpoint holds the driver's error-feedback residuals (tensors, loaded back with
+    weights_only=True), which ErrorFeedback takes back as they were."""
+    import dataclasses
+
+    import numpy as np
+
+    from mpca.algorithm.wire import Codec, ErrorFeedback
+
+    sender = ErrorFeedback(Codec("int8", block=4))
+    sender.encode(0, np.array([1.0, 0.33, -0.51, 0.2], dtype=np.float32))
+    sender.encode(2, np.array([0.07, 0.5], dtype=np.float32))
+    wire = {"format": "int8", "block": 4,
+            "broadcast": {k: torch.from_numpy(v) for k, v in sender.state_dict()["residual"].items()}}
+    checkpoint.save(str(tmp_path), dataclasses.replace(checkpoint_at(5), wire=wire))
+    back = checkpoint.latest(str(tmp_path)).wire
+    assert back["format"] == "int8" and sorted(back["broadcast"]) == ["0", "2"]
+    again = ErrorFeedback(Codec("int8", block=4))
+    again.load_state_dict({"residual": {k: v.numpy() for k, v in back["broadcast"].items()}})
+    assert sorted(again.residual) == [0, 2]
+    for k in (0, 2):
+        assert np.array_equal(again.residual[k], sender.residual[k]) and np.abs(sender.residual[k]).max() > 0
