@@ -238,9 +238,6 @@ class Settings(_Strict):
     @model_validator(mode="after")
     def _fits(self):
         self.algorithm.check_agents(self.training.agents)
-        if self.algorithm.name == "ddp" and self.wire.format != "fp32":
-            raise ValueError(f"algorithm ddp all-reduces full-precision gradients (no compression hook yet): "
-                             f"wire.format {self.wire.format} is not available for it; use fp32")
         local = parse_local_cluster(self.cluster.master)
         if local is not None:
             execs, cores = local.executors, local.cores

@@ -3,6 +3,11 @@ agents average their gradients with an all-reduce (torch.distributed: gloo on th
 every replica takes the same optimizer step.  The driver arranges the rendezvous (a TCPStore it hosts)
 and only observes the model; nothing else is exchanged through Spark.
 
+With a lossy wire format (bf16, int8, int4) the gradients go round a ring of encoded messages with error
+feedback instead (:mod:`mpca.algorithm.ring`, DDP's compression hook: 2 (K − 1) / K of the encoded gradient
+per rank and step; every replica applies the same decoded bytes, so they stay identical); the stop flag then
+travels in its own exact all-reduce of one value.
+
 torch.distributed's store and collectives are not authenticated (as with TorchDistributor): run ``ddp``
 on a network you trust.
 """
@@ -18,6 +23,7 @@ from pydantic import Field
 
 from mpca.algorithm.base import AgentRule, Algorithm
 from mpca.algorithm.registry import register
+from mpca.algorithm.ring import ring_all_reduce_
 from mpca.algorithm.rounds import digest
 from mpca.algorithm.single import ObservingDriver
 
@@ -38,6 +44,10 @@ class DDPAgent(AgentRule):
         prefixed = dist.PrefixStore(ctx.rendezvous["prefix"], store)
         backend = "nccl" if ctx.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=prefixed, rank=ctx.agent_id, world_size=ctx.agents, timeout=timeout)
+        # a lossy wire format: the gradients go round mpca's ring of encoded messages (CPU tensors, hence a gloo
+        # group beside an NCCL one), with this agent's error feedback
+        self.feedback = ctx.wire if ctx.wire.codec.lossy else None
+        self.ring_group = dist.new_group(backend="gloo") if self.feedback is not None and backend != "gloo" else None
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.verify_every = verify_every
         self.steps = 0
@@ -53,9 +63,17 @@ class DDPAgent(AgentRule):
     def after_backward(self) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flag = torch.ones(1, device=self.ctx.device) if self.requested else torch.zeros(1, device=self.ctx.device)
-        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [flag])
-        self.dist.all_reduce(flat)
-        self.wire_bytes += int(flat.numel() * flat.element_size() * 2 * (self.ctx.agents - 1) / self.ctx.agents)
+        if self.feedback is None:
+            flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [flag])
+            self.dist.all_reduce(flat)
+            self.wire_bytes += int(flat.numel() * flat.element_size() * 2 * (self.ctx.agents - 1) / self.ctx.agents)
+        else:
+            self.dist.all_reduce(flag)  # exact: a quantised flag could round to 0 in a block of large gradients
+            flat = torch.cat([g.detach().reshape(-1).to(torch.float32).cpu() for g in grads] + [flag.cpu()])
+            self.wire_bytes += ring_all_reduce_(flat[:-1], self.ctx.agent_id, self.ctx.agents, self.feedback,
+                                                self.dist, self.ring_group)
+            flat = flat.to(self.ctx.device)
+            flat[-1] = flag[0]
         flat /= self.ctx.agents
         off = 0
         for p, g in zip(self.params, grads):

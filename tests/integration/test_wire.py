@@ -60,3 +60,21 @@ def test_an_int8_checkpoint_holds_the_driver_residuals_and_resumes_with_them(spa
     assert "the driver's int8 residuals of 3 streams restored" in caplog.text
     assert second.first_cycle == ck.cycle and second.cycles == ck.cycle + 6
     assert np.isfinite(second.final.error) and second.final.error < 0.6
+
+
+def test_ddp_with_int8_keeps_replicas_identical_and_sends_a_quarter_of_the_fp32_ring(spark):
+    """DDP's compression hook (mpca.algorithm.ring): every replica applies the same decoded bytes, so the
+    models stay bit-identical step after step, and a step sends 2 (K − 1) / K of the int8 gradient."""
+    fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, wire="int8", max_seconds=20,
+                  algorithm={"name": "ddp", "verify_every": 1, "min_cycle_interval_s": 0.5},
+                  spark=spark, **SETTINGS).fit(dataset_dataframe(spark, "digits"))
+    last = fit.timeline.cycles[-1].agents
+    d0, d1 = (last[a].extra["digests"] for a in (0, 1))
+    common = sorted(set(d0) & set(d1), key=int)
+    assert len(common) >= 20 and all(d0[s] == d1[s] for s in common)
+    assert len({d0[s] for s in common}) == len(common)  # and they moved every step
+    grads = sum(p.numel() for p in helpers.small_cnn().parameters() if p.requires_grad)
+    fp32_ring = 4 * grads * 2 * (2 - 1) / 2
+    per_step = last[0].extra["wire_bytes"] / last[0].steps
+    assert 0.24 * fp32_ring <= per_step <= 0.27 * fp32_ring, per_step / fp32_ring
+    assert fit.final.error < 0.35
