@@ -79,8 +79,9 @@ class Codec:
         buf = memoryview(data)
         if len(buf) != self.nbytes(n):
             raise ValueError(f"a {self.fmt} message of {n} values has {self.nbytes(n)} bytes, got {len(buf)}")
-        if self.fmt == "fp32":
-            return np.frombuffer(buf, dtype=self.dtype).copy()
+        if self.fmt == "fp32":  # a writable buffer (a received message) is viewed, not copied
+            out = np.frombuffer(buf, dtype=self.dtype)
+            return out.copy() if buf.readonly else out
         if self.fmt == "bf16":
             out = (np.frombuffer(buf, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
         else:
@@ -174,6 +175,26 @@ class EncodedSum:
             raise ValueError(f"tau must be >= 0, got {tau}")
         x = np.asarray(x, dtype=np.float32).reshape(-1)
         return EncodedSum(codec.encode(x * np.float32(tau)) if tau > 0 else None, x.size, float(tau), codec)
+
+    @staticmethod
+    def received(data, n: int, tau: float, codec: "Codec") -> "EncodedSum":
+        """One agent's contribution as it arrived (``data``: its shard encoded, ``n`` values) with weight τ.
+        For the block formats τ·x is the same q with every block's scale times τ (round(τ q s / (τ s)) = q), so
+        only the scales change: no decode and no encode on the exchange task."""
+        if tau < 0:
+            raise ValueError(f"tau must be >= 0, got {tau}")
+        if tau == 0:
+            return EncodedSum(None, n, 0.0, codec)  # no steps: nothing to decode
+        if codec.fmt not in _LEVELS:
+            return EncodedSum.of(codec.decode(data, n), tau, codec)
+        buf = memoryview(data)
+        if len(buf) != codec.nbytes(n):
+            raise ValueError(f"a {codec.fmt} message of {n} values has {codec.nbytes(n)} bytes, got {len(buf)}")
+        blocks = -(-n // codec.block)
+        scales = np.frombuffer(buf[:4 * blocks], dtype=np.float32) * np.float32(tau)
+        if not np.isfinite(scales).all():
+            raise ValueError(f"a {codec.fmt} block holds NaN/Inf: refused (the joint model stays finite)")
+        return EncodedSum(scales.tobytes() + bytes(buf[4 * blocks:]), n, float(tau), codec)
 
     def values(self) -> Optional[np.ndarray]:
         return None if self.data is None else self.codec.decode(self.data, self.n).astype(np.float32)

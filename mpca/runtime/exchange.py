@@ -121,8 +121,7 @@ def _yield(plan: ExchangePlan, ch: Channel, entry: AgentReport, rec: ExchangeRec
     entry.bytes_up = len(payload)
     weight, codec = float(header["weight"]), plan.codec
     if codec.lossy:  # Σ τ x goes up encoded; the tree's levels add decoded values (mpca.algorithm.wire.EncodedSum)
-        rec.partial = (EncodedSum.of(codec.decode(payload, plan.reduce_numel), weight, codec) if weight > 0 else
-                       EncodedSum(None, plan.reduce_numel, 0.0, codec))  # no steps: nothing to decode
+        rec.partial = EncodedSum.received(payload, plan.reduce_numel, weight, codec)
     else:
         rec.partial = WeightedSum.of(np.frombuffer(payload, dtype=codec.dtype), weight)
 

@@ -120,3 +120,23 @@ def test_encoded_partials_combine_like_eq_9_within_one_step_per_level():
     # half a step per rounding: leaf a (max 4), leaf 3·b (max 12), the combining level (max 13 and its error)
     assert np.abs(total - exact).max() <= (4 + 12 + 13.1) / 127 / 2
     assert EncodedSum.of(a, 0.0, c).data is None and EncodedSum.of(a, 0.0, c).decoded().total is None
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "bf16", "fp32"])
+def test_a_received_contribution_scales_by_tau_as_decode_and_encode_would(fmt):
+    """int8/int4: τ·x is the same q with each block's scale times τ — by hand, block 2, q = (127, 64) and
+    (127, −127): scales (2/127, 1/127) × 3 → (6/127, 3/127).  Every format: the values of τ·decode(x)."""
+    from mpca.algorithm.wire import EncodedSum
+
+    c = Codec(fmt, block=2)
+    x = np.array([2.0, 1.0079, 1.0, -1.0], np.float32)
+    data = c.encode(x)
+    got = EncodedSum.received(data, 4, 3.0, c)
+    expected = EncodedSum.of(c.decode(data, 4), 3.0, c)
+    assert got.weight == 3.0 and np.allclose(got.values(), expected.values(), rtol=1e-6, atol=0)
+    if fmt == "int8":
+        assert np.array_equal(np.frombuffer(got.data[:8], np.float32), np.float32([6 / 127, 3 / 127]))
+        assert got.data[8:] == data[8:] == np.int8([127, 64, 127, -127]).tobytes()
+    assert EncodedSum.received(data, 4, 0.0, c).data is None
+    with pytest.raises(ValueError, match="bytes"):
+        EncodedSum.received(data[:-1], 4, 1.0, c)
