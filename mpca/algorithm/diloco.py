@@ -21,8 +21,8 @@ class DiLoCoAgent(RoundAgent):
         self.round_start = ctx.shards.read(0)
 
     def receive(self, shard, pieces, params):
-        self.start_round(pieces)
-        self.round_start = self.ctx.shards.read(0)
+        if self.start_round(pieces, params):
+            self.round_start = self.ctx.shards.read(0)
 
     def contribution(self, shard, params):
         pseudo_grad = self.round_start - self.ctx.shards.read(0)  # start of round minus local model

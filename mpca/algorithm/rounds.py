@@ -58,14 +58,21 @@ class RoundAgent(AgentRule):
     def round_report(self) -> Dict[str, Any]:
         return {"round": self.round, "start_digest": self.start_digest, "round_steps": self.round_steps}
 
-    def start_round(self, pieces: List[torch.Tensor]) -> None:
-        """Replace the local model by the delivered joint model and start the next round."""
+    def start_round(self, pieces: List[torch.Tensor], params: Params) -> bool:
+        """Replace the local model by the delivered joint model and start the round it begins (``params``'
+        ``round``, the driver's count, not this agent's: a replacement that joins mid-run enters the current
+        round).  A delivery of the round the agent is already in (the same model its join handed it) is
+        ignored, so the steps made since count; returns whether a round started."""
+        round_ = int(params["round"])
+        if round_ == self.round:
+            return False
         torch._foreach_copy_(self.ctx.shards.views(0), pieces)
         with self.cond:
-            self.round += 1
+            self.round = round_
             self.round_steps = 0
             self.start_digest = digest(self.ctx.shards.read(0))
             self.cond.notify_all()
+        return True
 
 
 class RoundDriver(DriverRule):

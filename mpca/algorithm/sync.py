@@ -15,7 +15,7 @@ from mpca.algorithm.rules import finish_reduction
 
 class SyncAgent(RoundAgent):
     def receive(self, shard, pieces, params):
-        self.start_round(pieces)
+        self.start_round(pieces, params)
 
     def contribution(self, shard, params):
         return self.ctx.shards.read(0), 1.0, self.round_report()  # weight 1 each: the arithmetic mean

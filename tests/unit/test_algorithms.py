@@ -154,7 +154,7 @@ def test_round_agent_pauses_after_every_steps_and_restarts_from_the_delivery():
     blocked.join(0.3)
     assert blocked.is_alive()  # the training loop waits for the average
     avg = torch.arange(3, dtype=torch.float32)
-    a.receive(0, a.ctx.shards.split(0, avg), {})
+    a.receive(0, a.ctx.shards.split(0, avg), {"round": 1})
     blocked.join(2)
     assert not blocked.is_alive() and torch.equal(a.ctx.shards.read(0), avg)
     vec, weight, extra = a.contribution(0, {"round": 1})
@@ -170,8 +170,24 @@ def test_diloco_agent_sends_start_of_round_minus_local_model():
     vec, weight, _ = a.contribution(0, {"round": 0})
     assert torch.allclose(vec, torch.tensor([-1.0, -1.0, 0.0])) and weight == 1.0
     new = start + 5
-    a.receive(0, a.ctx.shards.split(0, new), {})
+    a.receive(0, a.ctx.shards.split(0, new), {"round": 1})
     assert torch.equal(a.round_start, new)  # the next pseudo-gradient is measured from the delivered model
+
+
+@pytest.mark.parametrize("cls", [SyncAgent, DiLoCoAgent])
+def test_a_replacement_enters_the_drivers_current_round_and_keeps_its_steps(cls):
+    """A replacement agent (round 0) joins in the driver's round 7: it yields round 7, not 1; the cycle's
+    delivery of round 7 (the model its join handed it) does not restart the round under it."""
+    a = cls(_ctx(torch.nn.Linear(2, 1)), every=2)
+    joint = torch.arange(3, dtype=torch.float32)
+    a.receive(0, a.ctx.shards.split(0, joint), {"round": 7})  # the join
+    with torch.no_grad():
+        a.ctx.model.bias += 1.0  # a step
+    a.after_step()
+    a.receive(0, a.ctx.shards.split(0, joint), {"round": 7})  # the same model again, with the cycle
+    assert a.round == 7 and a.round_steps == 1 and a.ctx.shards.read(0)[2] == 3.0
+    a.after_step()
+    a.yield_ready(0, {"round": 7}, 0.05)  # round 7 done: it yields at once
 
 
 def test_unknown_and_misconfigured_algorithms_fail_eagerly():
