@@ -1,5 +1,5 @@
 """Console entry point: ``mpca train --config conf/digits.yaml [key=value ...]``, ``mpca predict ...``,
-``mpca bench ...``, ``mpca data ...``.
+``mpca bench ...``, ``mpca data ...``, ``mpca simulate ...``.
 
 Exit codes: 0 done (or target reached), 2 user error (one line, no traceback),
 3 the run failed, 4 stopped at a time/cycle/epoch limit without reaching the
@@ -70,6 +70,12 @@ def _bench(args) -> int:
     return exchange_main(args.rest)
 
 
+def _simulate(args) -> int:
+    from mpca.sim.command import run
+
+    return run(args)
+
+
 def _version() -> str:
     import importlib.metadata as md
 
@@ -121,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("which", choices=["compare", "pull", "exchange"])
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)
+    s = sub.add_parser("simulate", help="K agents and the driver in virtual time: the library's rules, real "
+                                        "gradients, simulated network and devices", parents=[common])
+    from mpca.sim.command import add_arguments
+
+    add_arguments(s)
+    s.set_defaults(func=_simulate)
     return ap
 
 

@@ -81,6 +81,11 @@ class AgentRule:
 
     def between_steps(self) -> None: ...
 
+    def waiting(self) -> bool:
+        """Whether :meth:`between_steps` would block now, waiting for the driver (a simulator in virtual time parks
+        the agent until a delivery instead of calling it; the runtime never asks)."""
+        return False
+
     def on_reset(self) -> None:
         """The runtime put the model back to the latest joint model after a numerical fault (NaN/Inf) and
         gave it a fresh optimizer (``ctx.optimizer``); forget what was counted since."""

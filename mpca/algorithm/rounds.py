@@ -48,6 +48,11 @@ class RoundAgent(AgentRule):
             while self._round_done() and not self.ctx.stopping():
                 self.cond.wait(0.1)
 
+    def waiting(self) -> bool:
+        """The round is complete: :meth:`between_steps` would wait for the next round's model."""
+        with self.cond:
+            return self._round_done() and not self.ctx.stopping()
+
     def yield_ready(self, shard: int, params: Params, timeout_s: float) -> None:
         want = int(params["round"])
         with self.cond:

@@ -14,6 +14,7 @@ LAYERS = [
     ["mpca.data", "mpca.models"],
     ["mpca.config"],
     ["mpca.checkpoint", "mpca.stopping", "mpca.evaluation", "mpca.progress"],
+    ["mpca.sim"],  # the virtual-time simulator: the algorithms' rules without Spark (never mpca.runtime)
     ["mpca.runtime"],  # Spark
     ["mpca.trainer"],
     ["mpca.ml", "mpca.tracking"],

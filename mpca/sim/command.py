@@ -1,0 +1,126 @@
+"""``mpca simulate``: one simulation from command-line options; prints the constants and a table, writes JSON."""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Dict, List, Optional
+
+from pydantic import ValidationError
+
+from mpca.errors import UserError
+from mpca.sim.compute import ComputeModel
+from mpca.sim.constants import NetworkConstants
+from mpca.sim.simulator import SimConfig, simulate
+from mpca.sim.workload import TeacherWorkload
+
+RATES = {"mbit": 1e6, "gbit": 1e9, "kbit": 1e3}
+
+
+def parse_rate(text: str) -> float:
+    """``100mbit``, ``1gbit``, ``inf`` or bits per second."""
+    t = text.strip().lower()
+    if t in ("inf", "unlimited"):
+        return math.inf
+    try:
+        for unit, scale in RATES.items():
+            if t.endswith(unit):
+                return float(t[: -len(unit)]) * scale
+        return float(t)
+    except ValueError:
+        raise UserError(f"simulate: --link {text!r}: give a rate such as 100mbit, 1gbit, 10gbit or inf") from None
+
+
+def parse_floats(text: str) -> List[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def parse_speeds(text: str) -> Dict[int, float]:
+    """``1:0.5,3:0.8``: agent 1 at half speed, agent 3 at 0.8."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        agent, _, speed = part.partition(":")
+        out[int(agent)] = float(speed)
+    return out
+
+
+def parse_overrides(items: List[str]) -> Dict[str, object]:
+    """``algorithm.every=20`` → {"every": 20} (values read as YAML scalars)."""
+    import yaml
+
+    out: Dict[str, object] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.startswith("algorithm."):
+            raise UserError(f"override {item!r}: expected algorithm.KEY=VALUE")
+        node = out
+        parts = key.split(".")[1:]
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})  # type: ignore[assignment]
+        node[parts[-1]] = yaml.safe_load(value)
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--algorithm", "-a", default="mpca", help="algorithm name (mpca, sync, diloco, easgd, ...)")
+    p.add_argument("--agents", "-k", type=int, default=4)
+    p.add_argument("--link", default="100mbit", help="every host's port: 100mbit, 1gbit, 10gbit, inf")
+    p.add_argument("--step-s", type=float, default=0.3, help="device time of one step (s)")
+    p.add_argument("--jitter", type=float, default=0.0, help="log-normal σ of the step time (0: fixed)")
+    p.add_argument("--speeds", default="", help="stragglers, e.g. 1:0.5 (agent 1 at half speed)")
+    p.add_argument("--wire", default="fp32", help="fp32, bf16, int8 or int4")
+    p.add_argument("--max-seconds", type=float, default=120.0, help="virtual seconds at most")
+    p.add_argument("--eval-every", type=float, default=5.0, help="virtual seconds between evaluations")
+    p.add_argument("--targets", default="0.5,0.4", help="holdout errors, comma-separated")
+    p.add_argument("--hidden", default="1024,1024", help="the MLP's hidden widths (1024,1024: the benchmark's)")
+    p.add_argument("--rows", type=int, default=20_000, help="teacher rows per agent")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--job-overhead", type=float, default=None, help="seconds per Spark job (default: the constant)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the result here as JSON")
+    p.add_argument("overrides", nargs="*", help="algorithm.KEY=VALUE, e.g. algorithm.every=20")
+
+
+def config_from(args) -> SimConfig:
+    """A validated :class:`SimConfig`; every mistake as one UserError line."""
+    try:
+        net = NetworkConstants(link_bps=parse_rate(args.link))
+        if args.job_overhead is not None:
+            net = NetworkConstants(**{**net.to_dict(), "job_overhead_s": args.job_overhead})
+        hidden = tuple(int(h) for h in args.hidden.split(",") if h.strip())
+        return SimConfig(algorithm={"name": args.algorithm, **parse_overrides(args.overrides)}, agents=args.agents,
+                         wire=args.wire, network=net,
+                         compute=ComputeModel(step_s=args.step_s, jitter=args.jitter, speeds=parse_speeds(args.speeds),
+                                              seed=args.seed),
+                         workload=TeacherWorkload(hidden=hidden, rows_per_agent=args.rows, lr=args.lr, seed=args.seed),
+                         batch_size=args.batch_size, max_virtual_s=args.max_seconds, eval_every_s=args.eval_every,
+                         targets=tuple(parse_floats(args.targets)), seed=args.seed)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "settings"
+        raise UserError(f"simulate: {where}: {first['msg']}") from None
+    except ValueError as e:
+        raise UserError(f"simulate: {str(e).splitlines()[0]}") from None
+
+
+def run(args) -> int:
+    cfg = config_from(args)
+    try:
+        result = simulate(cfg)
+    except ValueError as e:
+        raise UserError(f"simulate: {str(e).splitlines()[0]}") from None
+    print(f"constants: {cfg.network.describe()}")
+    print(f"compute: step {cfg.compute.step_s:g} s, jitter {cfg.compute.jitter:g}, speeds {dict(cfg.compute.speeds)}; "
+          f"model {result.settings['parameters']:,} parameters, batch {cfg.batch_size}")
+    print(result.table())
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(result.to_json())
+        print(f"wrote {args.json}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="mpca simulate")
+    add_arguments(p)
+    return run(p.parse_args(argv))

@@ -1,0 +1,182 @@
+"""The driver's 3-phase pipeline (§4.2, Figs. 6–8; ``mpca/runtime/pipeline.py``) in virtual time.
+
+Cycle c reduces shard ``rule.reduce_shard(c)`` with ``rule.cycle_params(c)``.  With S ≥ 3 the shard reduced in
+cycle c − 1 is staged (``rule.on_reduced``, then encoded with the driver's error feedback per shard) when job c
+starts and broadcast by job c + 1; with S ≤ 2 it is staged when job c − 1 ends and broadcast by job c.
+
+A job's times come from the network model (:mod:`mpca.sim.network`): it starts ``job_overhead_s`` after its
+submission; the broadcast reaches every agent after :func:`~mpca.sim.network.broadcast_time`, where the
+simulator calls ``rule.receive``; each agent's yield request reaches it at once (``split_tasks``) or after the
+download, and its contribution (``rule.contribution``, encoded as the agent's runtime does) is taken then —
+or, for a rule whose ``yield_ready`` is not ready (a round not finished), as soon as it is.  The partials are
+combined along treeReduce's levels (``WeightedSum``; a lossy format: ``EncodedSum``, one rounding per level)
+and reach the driver at :func:`~mpca.sim.network.tree_reduce_arrival`; the job ends when both are done, and the
+next cycle starts then, or ``cycle_interval_s`` after this one started.  Corrective jobs and absent or joining
+agents are not simulated: every agent answers every job.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from mpca.algorithm.base import DriverRule
+from mpca.algorithm.rules import WeightedSum
+from mpca.algorithm.wire import Codec, EncodedSum, ErrorFeedback
+from mpca.sim.clock import VirtualClock
+from mpca.sim.network import (broadcast_time, driver_copies, driver_partials, tree_groups, tree_levels,
+                              tree_reduce_arrival)
+from mpca.sim.constants import NetworkConstants
+from mpca.sim.result import CycleStat
+
+Partial = Union[WeightedSum, EncodedSum]
+
+
+@dataclass
+class Job:
+    cycle: int
+    shard: int
+    params: dict
+    submitted: float
+    yield_at: float
+    bcast_end: float
+    bcast_shard: Optional[int]
+    bcast_bytes: int
+    waiting: set = field(default_factory=set)  # agents whose contribution is not taken yet
+    partials: Dict[int, Tuple[float, Partial, int]] = field(default_factory=dict)  # agent → (ready, partial, bytes)
+
+
+def combine(a: Partial, b: Partial) -> Partial:
+    """Two partials of Eq. 9 (an empty WeightedSum takes the other's kind), as the exchange record merges them."""
+    if isinstance(a, WeightedSum) and a.total is None and isinstance(b, EncodedSum):
+        return EncodedSum(b.data, b.n, a.weight + b.weight, b.codec)
+    if isinstance(b, WeightedSum) and b.total is None and isinstance(a, EncodedSum):
+        return EncodedSum(a.data, a.n, a.weight + b.weight, a.codec)
+    return a.combine(b)
+
+
+def tree_combine(partials: List[Partial]) -> Partial:
+    """The partials combined along treeReduce's levels (:func:`~mpca.sim.network.tree_levels`), then on the
+    driver in order."""
+    items = list(partials)
+    for reducers in tree_levels(len(items)):
+        items = [_fold(group) for group in tree_groups(items, reducers)]
+    return _fold(items)
+
+
+def _fold(items: List[Partial]) -> Partial:
+    acc: Partial = WeightedSum(None, 0.0)
+    for p in items:
+        acc = combine(acc, p)
+    return acc
+
+
+def as_driver_sum(partial: Partial) -> Optional[WeightedSum]:
+    """The reduction as the driver rule takes it (decoded, torch), or None when it holds NaN/Inf."""
+    ws = partial if isinstance(partial, WeightedSum) else partial.decoded()
+    if ws.total is None:
+        return WeightedSum(None, ws.weight)
+    total = torch.from_numpy(np.array(ws.total))
+    return WeightedSum(total, ws.weight) if bool(torch.isfinite(total).all()) else None
+
+
+class VirtualPipeline:
+    """Runs the cycles of a driver-initiated algorithm on ``clock``.  ``deliver(agent, shard, data, params, t)``
+    hands an agent an encoded broadcast; ``contribute(agent, shard, params)`` returns (bytes, weight, extra) or
+    None when the agent's rule is not ready to yield (the simulator calls :meth:`offer` after its next step)."""
+
+    def __init__(self, clock: VirtualClock, rule: DriverRule, agents: int, codec: Codec, net: NetworkConstants,
+                 interval_s: float, deliver: Callable, contribute: Callable, numel: Callable[[int], int]):
+        self.clock, self.rule, self.K, self.codec, self.net = clock, rule, agents, codec, net
+        self.interval_s = interval_s
+        self.deliver, self.contribute, self.numel = deliver, contribute, numel
+        self.lag = 2 if rule.num_shards >= 3 else 1
+        self.feedback = ErrorFeedback(codec)  # the driver's broadcasts, one residual per shard
+        self.staged: Dict[int, Tuple[int, bytes]] = {}  # cycle whose job carries it → (shard, encoded)
+        self.pending: Optional[Tuple[int, int, Partial]] = None  # reduced, not yet staged (lag 2)
+        self.job: Optional[Job] = None
+        self.stats: List[CycleStat] = []
+        self.rejected = 0
+        self.cycle_no = 0
+
+    def start(self, t: float) -> None:
+        self.clock.schedule(t, self._cycle)
+
+    # ------------------------------------------------------------------ phases
+    def _stage(self, cycle: int, shard: int, partial: Partial) -> None:
+        ws = as_driver_sum(partial)
+        if ws is None:
+            self.rejected += 1
+            return
+        out = self.rule.on_reduced(cycle, shard, ws)
+        if out is not None:
+            self.staged[cycle + self.lag] = (shard, self.feedback.encode(shard, out.numpy()))
+
+    def _cycle(self, t: float) -> None:
+        c = self.cycle_no
+        shard = self.rule.reduce_shard(c)
+        staged = self.staged.pop(c, None)
+        params = self.rule.cycle_params(c)
+        if self.lag == 2 and self.pending is not None:
+            self._stage(*self.pending)  # concurrent with job c
+            self.pending = None
+        run = t + self.net.job_overhead_s
+        bcast_bytes = len(staged[1]) if staged else 0
+        bcast_end = run + broadcast_time(self.K, bcast_bytes, self.net) if staged else run
+        yield_at = run if (self.net.split_tasks or not staged) else bcast_end
+        job = Job(c, shard, params, t, yield_at, bcast_end, staged[0] if staged else None, bcast_bytes,
+                  waiting=set(range(self.K)))
+        self.job = job
+        if staged:
+            for a in range(self.K):  # scheduled before the yields: a delivery at the same instant comes first
+                self.clock.schedule(bcast_end, lambda when, a=a: self.deliver(a, staged[0], staged[1], params, when))
+        for a in range(self.K):
+            self.clock.schedule(yield_at, lambda when, a=a: self.offer(a, when))
+
+    def offer(self, agent: int, t: float) -> None:
+        """Take ``agent``'s contribution to the current job if it is asked for by ``t`` and ready."""
+        job = self.job
+        if job is None or agent not in job.waiting or t < job.yield_at:
+            return
+        got = self.contribute(agent, job.shard, job.params)
+        if got is None:
+            return
+        data, weight, _ = got
+        n = self.numel(job.shard)
+        if self.codec.lossy:
+            partial: Partial = EncodedSum.received(data, n, weight, self.codec)
+        else:
+            partial = WeightedSum.of(np.frombuffer(data, dtype=self.codec.dtype), weight)
+        job.partials[agent] = (t, partial, len(data))
+        job.waiting.discard(agent)
+        if not job.waiting:
+            self._reduced(job)
+
+    def _reduced(self, job: Job) -> None:
+        order = sorted(job.partials)
+        nbytes = max(b for _, _, b in job.partials.values())
+        arrival = tree_reduce_arrival([job.partials[a][0] for a in order], nbytes, self.net)
+        end = max(arrival, job.bcast_end)
+        partial = tree_combine([job.partials[a][1] for a in order])
+        stat = CycleStat(job.cycle, job.submitted, end, job.shard, job.bcast_shard,
+                         bytes_in=driver_partials(self.K) * nbytes,
+                         bytes_out=int(round(driver_copies(self.K, self.net) * job.bcast_bytes)),
+                         bytes_up=sum(b for _, _, b in job.partials.values()))
+        self.clock.schedule(end, lambda when: self._end(job, partial, stat, when))
+
+    def _end(self, job: Job, partial: Partial, stat: CycleStat, t: float) -> None:
+        self.stats.append(stat)
+        self.job = None
+        if self.lag == 1:
+            self._stage(job.cycle, job.shard, partial)
+        else:
+            self.pending = (job.cycle, job.shard, partial)
+        self.cycle_no += 1
+        nxt = max(t, job.submitted + self.interval_s)
+        if nxt <= job.submitted:
+            raise ValueError(f"cycle {job.cycle} took no virtual time, so cycles would never let the agents step: "
+                             "give the network a job overhead or a finite rate, or the algorithm a "
+                             "min_cycle_interval_s")
+        self.clock.schedule(nxt, self._cycle)

@@ -1,0 +1,82 @@
+"""What a simulation returns: the holdout history of the driver's joint model in virtual time, one record per
+exchange cycle, the parameter service's traffic, and the time to each target error; as a table and as JSON."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+@dataclass
+class HistoryRow:
+    t: float  # virtual seconds
+    steps: int  # total agent steps so far
+    holdout_error: float
+    holdout_loss: float
+
+
+@dataclass
+class CycleStat:
+    cycle: int
+    start: float
+    end: float
+    reduce_shard: Optional[int]
+    bcast_shard: Optional[int]
+    bytes_in: int  # into the driver's port: treeReduce's last level
+    bytes_out: int  # out of the driver's port: the broadcast's copies
+    bytes_up: int  # what the agents sent (their contributions as encoded)
+
+
+@dataclass
+class SimResult:
+    algorithm: str
+    agents: int
+    wire: str
+    constants: Dict[str, Any]
+    settings: Dict[str, Any]
+    history: List[HistoryRow] = field(default_factory=list)
+    cycles: List[CycleStat] = field(default_factory=list)
+    targets: List[float] = field(default_factory=list)
+    time_to_target: Dict[str, Optional[float]] = field(default_factory=dict)
+    virtual_s: float = 0.0
+    steps: int = 0
+    service_requests: int = 0
+    service_bytes_in: int = 0
+    service_bytes_out: int = 0
+    ring_bytes: float = 0.0  # ddp: bytes every host sent in its all-reduces
+    wall_s: float = 0.0
+
+    def reach(self) -> None:
+        """Fill ``time_to_target`` from the history: the first evaluation at or under each target."""
+        for target in self.targets:
+            hit = next((r.t for r in self.history if r.holdout_error <= target), None)
+            self.time_to_target[f"{target:g}"] = hit
+
+    @property
+    def bytes_on_driver_port(self) -> int:
+        return sum(c.bytes_in + c.bytes_out for c in self.cycles) + self.service_bytes_in + self.service_bytes_out
+
+    @property
+    def final_error(self) -> float:
+        return self.history[-1].holdout_error if self.history else math.nan
+
+    def table(self) -> str:
+        head = " | ".join(["algorithm", "K", "wire"] + [f"t({t:g}) s" for t in self.targets] +
+                          ["final error", "steps", "cycles", "mean cycle s", "driver port MB", "virtual s", "wall s"])
+        done = [c for c in self.cycles if c.end > c.start]
+        mean_cycle = sum(c.end - c.start for c in done) / len(done) if done else math.nan
+        cells = [self.algorithm, str(self.agents), self.wire] + \
+            [("—" if v is None else f"{v:.1f}") for v in self.time_to_target.values()] + \
+            [f"{self.final_error:.4f}", str(self.steps), str(len(self.cycles)),
+             "—" if math.isnan(mean_cycle) else f"{mean_cycle:.2f}", f"{self.bytes_on_driver_port / 1e6:.1f}",
+             f"{self.virtual_s:.1f}", f"{self.wall_s:.1f}"]
+        return head + "\n" + " | ".join(cells)
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = asdict(self)
+        out["bytes_on_driver_port"] = self.bytes_on_driver_port
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, allow_nan=True)

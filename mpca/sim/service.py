@@ -1,0 +1,53 @@
+"""The parameter service in virtual time: an object with ``request(header, payload) -> (header, payload)``, as
+the runtime's service client has, that calls the driver rule's ``serve`` at once (the simulator runs one
+agent's hook at a time, in virtual-time order) and charges the round trip's virtual time to the calling agent:
+the request through the driver's port (FIFO), the service's overhead, the answer back through it.
+
+The payload travels as the runtime's does (:mod:`mpca.runtime.driver_service`): the agent's rule encoded it in
+the run's wire format with its error feedback (``ServiceAgent.call_service``); here it is decoded, checked
+finite, served, and the answer encoded with the driver's error feedback per agent.  Requests are served in the
+order agents send them, which is their arrival order at a FIFO port fed at equal sizes."""
+from __future__ import annotations
+
+from typing import Callable, Tuple
+
+import numpy as np
+import torch
+
+from mpca.algorithm.base import DriverRule
+from mpca.algorithm.wire import Codec, ErrorFeedback
+from mpca.sim.network import DriverPort
+
+
+class SimServiceClient:
+    """One agent's client.  ``now()`` is the calling agent's virtual time; :meth:`take_charge` returns (and
+    resets) the seconds its requests took since the last call."""
+
+    def __init__(self, agent: int, rule: DriverRule, codec: Codec, answers: ErrorFeedback, port: DriverPort,
+                 service_overhead_s: float, now: Callable[[], float]):
+        self.agent, self.rule, self.codec, self.answers, self.port = agent, rule, codec, answers, port
+        self.overhead_s = service_overhead_s
+        self.now = now
+        self.charged_s = 0.0
+        self.requests = 0
+
+    def request(self, header: dict, payload=None) -> Tuple[dict, bytes]:
+        t = self.now() + self.charged_s
+        data = bytes(payload or b"")
+        arrived = self.port.receive(t, len(data))
+        n = int(header.get("n", len(data) // np.dtype(self.codec.dtype).itemsize))
+        vec = torch.from_numpy(self.codec.decode(data, n))
+        if not bool(torch.isfinite(vec).all()):
+            raise ValueError(f"agent {self.agent} sent NaN/Inf; refused (the joint model stays finite)")
+        reply, out = self.rule.serve(self.agent, header, vec)
+        answer = b"" if out is None else self.answers.encode(self.agent, out.numpy())
+        done = self.port.send(arrived + self.overhead_s, len(answer))
+        self.charged_s += done - t
+        self.requests += 1
+        return ({**reply, "n": out.numel()} if out is not None else reply), answer
+
+    def take_charge(self) -> float:
+        c, self.charged_s = self.charged_s, 0.0
+        return c
+
+    def close(self) -> None: ...

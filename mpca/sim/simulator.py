@@ -1,0 +1,267 @@
+"""K agents and the driver in one process on a virtual clock (issue 26).
+
+The agent and driver rules are the library's own objects: built by the registry's algorithm
+(``Algorithm.agent_factory()``, ``Algorithm.driver_rule``) with a real :class:`~mpca.algorithm.base.AgentContext`
+(model, optimizer, :class:`~mpca.algorithm.sharding.BoundShards`, the run's wire format with error feedback).
+Each agent really trains its own model copy on its own rows (:mod:`mpca.sim.workload`); only time is simulated:
+
+* a step's hooks run at the step's start time (before_step … after_step, :meth:`SimAgent.step`) and its effects
+  are visible from then on, as under the runtime's emulated devices (the real compute runs, then the agent waits
+  out the device time outside its step lock); ``between_steps`` comes one device step time later
+  (:mod:`mpca.sim.compute`) plus whatever the step's service calls took;
+* an agent whose rule is ``waiting()`` (a finished synchronous round, :class:`~mpca.algorithm.rounds.RoundAgent`)
+  is parked instead of calling the blocking ``between_steps``, and steps again when a delivery ends the wait;
+* ``exchange = "cycle"``: the driver's pipeline in virtual time (:mod:`mpca.sim.cycles`); a rule's
+  ``yield_ready`` is asked with a timeout of 0, and a rule not ready yet (a round in progress) yields when it is;
+* ``exchange = "service"``: ``ServiceAgent.call_service`` goes to :class:`~mpca.sim.service.SimServiceClient`,
+  which calls the driver rule's ``serve`` and charges the round trip to the agent.
+
+Supported: every registered algorithm but those below.  Refused with a ValueError:
+``rudra-hardsync`` and ``weaksync`` (their ``serve`` waits on a condition for other agents' requests, or on the
+wall clock, which one thread in virtual time cannot do).  ``ddp`` is the one exception to "the library's rule
+objects": its agent rule joins a torch.distributed process group, so the simulator applies DDPAgent.after_backward's
+math without one — the mean of the K agents' gradients (their sum / K) given to every replica before its
+optimizer step, so the replicas stay identical — with one step taking the slowest agent's device time plus
+the ring all-reduce's (:func:`~mpca.sim.network.ring_allreduce_time`); a lossy wire format with ddp is refused
+(its ring's per-chunk error feedback needs the process group).  The driver's joint model is evaluated on the
+holdout every ``eval_every_s`` virtual seconds, at no virtual cost (ddp: agent 0's replica).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mpca.algorithm.base import Algorithm, AgentRule
+from mpca.algorithm.registry import build as build_algorithm
+from mpca.algorithm.sharding import ShardLayout
+from mpca.algorithm.wire import Codec, ErrorFeedback, WireFormat
+from mpca.evaluation import evaluate
+from mpca.sim.agents import SimAgent
+from mpca.sim.clock import VirtualClock
+from mpca.sim.compute import ComputeModel
+from mpca.sim.constants import NetworkConstants
+from mpca.sim.cycles import VirtualPipeline
+from mpca.sim.network import DriverPort, ring_allreduce_bytes, ring_allreduce_time
+from mpca.sim.result import HistoryRow, SimResult
+from mpca.sim.service import SimServiceClient
+from mpca.sim.workload import TeacherWorkload
+
+REFUSED = {
+    "rudra-hardsync": "its server waits inside serve() for every learner's gradient of a timestamp, which one "
+                      "thread in virtual time cannot do (use rudra-softsync or rudra-async)",
+    "weaksync": "its server's partial pull waits inside serve() for other workers' pushes and on the wall clock "
+                "(τ1, τ2), which one thread in virtual time cannot do",
+}
+
+
+class SimConfig(BaseModel):
+    """One simulation: the algorithm (a name, a mapping of its settings, or an instance), K, the wire format,
+    the network, compute and workload models, and how long and what to watch."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    algorithm: Algorithm = Field(default_factory=lambda: build_algorithm("mpca"))
+    agents: int = Field(4, ge=1, le=4096)
+    wire: WireFormat = "fp32"
+    wire_block: int = Field(4096, ge=1)
+    network: NetworkConstants = Field(default_factory=NetworkConstants)
+    compute: ComputeModel = Field(default_factory=ComputeModel)
+    workload: TeacherWorkload = Field(default_factory=TeacherWorkload)
+    batch_size: int = Field(64, ge=1)
+    max_virtual_s: float = Field(120.0, gt=0)
+    eval_every_s: float = Field(5.0, gt=0)
+    targets: Tuple[float, ...] = ()
+    seed: int = 0
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _build(cls, v: Any) -> Algorithm:
+        return build_algorithm(v)
+
+    @field_validator("targets")
+    @classmethod
+    def _targets_in_range(cls, v: Tuple[float, ...]) -> Tuple[float, ...]:
+        if any(not 0 <= t <= 1 for t in v):
+            raise ValueError(f"target errors lie in [0, 1], got {list(v)}")
+        return tuple(sorted(v, reverse=True))
+
+
+def check_supported(cfg: SimConfig) -> None:
+    """ValueError (one line) for what the simulator does not run."""
+    name = cfg.algorithm.name
+    if name in REFUSED:
+        raise ValueError(f"the simulator does not run {name}: {REFUSED[name]}")
+    if name == "ddp" and cfg.wire != "fp32":
+        raise ValueError(f"the simulator runs ddp with wire fp32 only: with {cfg.wire} its gradients go round "
+                         "mpca.algorithm.ring's encoded ring, which needs a torch.distributed process group")
+    cfg.algorithm.check_agents(cfg.agents)
+
+
+class Simulator:
+    def __init__(self, cfg: SimConfig):
+        check_supported(cfg)
+        self.cfg = cfg
+        algo, K, work = cfg.algorithm, cfg.agents, cfg.workload
+        self.K = K
+        self.ddp = algo.name == "ddp"
+        torch.manual_seed(cfg.seed)
+        model = work.model_fn()
+        self.layout = ShardLayout.from_module(model, algo.num_shards, algo.buffers)
+        bound = self.layout.bind_module(model, algo.buffers)
+        self.rule = algo.driver_rule([bound.read(s) for s in range(self.layout.num_shards)], K)
+        init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.codec = Codec.of(cfg.wire, cfg.wire_block, self.layout.wire_dtype)
+        self.clock = VirtualClock()
+        self.port = DriverPort(cfg.network)
+        self.now = [0.0] * K  # each agent's virtual time while its hooks run
+        answers = ErrorFeedback(self.codec)  # the service's answers, one residual per agent
+        self.clients: List[Optional[SimServiceClient]] = [
+            SimServiceClient(a, self.rule, self.codec, answers, self.port, cfg.network.service_overhead_s,
+                             lambda a=a: self.now[a]) if algo.exchange == "service" else None for a in range(K)]
+        factory_algo = algo
+        self.agents: List[SimAgent] = []
+        for a in range(K):
+            x, y = work.agent_rows(a, K)
+            self.agents.append(SimAgent(a, K, factory_algo if not self.ddp else _PlainRule(), self.layout,
+                                        init_state, work.model_fn, work.loss_fn, work.optimizer_fn, x, y,
+                                        cfg.batch_size, self.codec, cfg.seed, self.clients[a]))
+        self.clocks = [cfg.compute.clock(a) for a in range(K)]
+        self.parked: set = set()
+        self.eval_model = copy.deepcopy(model)
+        self.eval_bound = self.layout.bind_module(self.eval_model, algo.buffers)
+        self.hx, self.hy = work.holdout_rows(K)
+        self.pipeline: Optional[VirtualPipeline] = None
+        if algo.exchange == "cycle" and not self.ddp:
+            self.pipeline = VirtualPipeline(self.clock, self.rule, K, self.codec, cfg.network, algo.cycle_interval_s,
+                                            self._deliver, self._contribute, self.layout.shard_numel)
+        self.result = SimResult(algorithm=algo.name, agents=K, wire=cfg.wire, constants=cfg.network.to_dict(),
+                                settings={"algorithm": algo.model_dump(mode="json"),
+                                          "compute": {"step_s": cfg.compute.step_s, "jitter": cfg.compute.jitter,
+                                                      "speeds": dict(cfg.compute.speeds)},
+                                          "batch_size": cfg.batch_size, "seed": cfg.seed,
+                                          "parameters": self.layout.total_numel},
+                                targets=list(cfg.targets))
+        self.done = False
+
+    # ------------------------------------------------------------------ agents
+    def _step(self, a: int, t: float) -> None:
+        self.now[a] = t
+        self.agents[a].step()
+        charged = self._charged(a)
+        if self.pipeline is not None:
+            self.pipeline.offer(a, t + charged)
+        self.clock.schedule(t + charged + self.clocks[a].next_step_s(), lambda when: self._between(a, when))
+
+    def _between(self, a: int, t: float) -> None:
+        self.now[a] = t
+        rule = self.agents[a].rule
+        if rule.waiting():  # would block until the driver's delivery: parked instead
+            self.parked.add(a)
+            return
+        rule.between_steps()
+        charged = self._charged(a)
+        self.clock.schedule(t + charged, lambda when: self._step(a, when))
+
+    def _charged(self, a: int) -> float:
+        client = self.clients[a]
+        return client.take_charge() if client is not None else 0.0
+
+    def _deliver(self, a: int, shard: int, data: bytes, params: dict, t: float) -> None:
+        ag = self.agents[a]
+        vec = torch.from_numpy(self.codec.decode(data, self.layout.shard_numel(shard)))
+        ag.rule.receive(shard, ag.shards.split(shard, vec), params)
+        if a in self.parked and not ag.rule.waiting():
+            self.parked.discard(a)
+            self.clock.schedule(t, lambda when: self._step(a, when))
+        if self.pipeline is not None:
+            self.pipeline.offer(a, t)
+
+    def _contribute(self, a: int, shard: int, params: dict):
+        ag = self.agents[a]
+        try:
+            ag.rule.yield_ready(shard, params, 0.0)  # timeout 0: returns when ready, else TimeoutError
+        except TimeoutError:
+            return None
+        return ag.contribution_bytes(shard, params)
+
+    # ------------------------------------------------------------------ ddp
+    def _ddp_step(self, t: float) -> None:
+        """Every replica's gradient, their mean (sum / K, as DDPAgent.after_backward) given to each, then each
+        optimizer's step; the slowest device time plus the ring all-reduce's."""
+        batches = [ag.compute_gradients() for ag in self.agents]
+        params = [[p for p in ag.model.parameters() if p.requires_grad] for ag in self.agents]
+        for i in range(len(params[0])):
+            grads = [ps[i].grad if ps[i].grad is not None else torch.zeros_like(ps[i]) for ps in params]
+            total = grads[0].clone()
+            for g in grads[1:]:
+                total += g
+            total /= self.K
+            for ps in params:
+                ps[i].grad = total.clone()
+        for ag, b in zip(self.agents, batches):
+            ag.apply_step(b)
+        grad_bytes = 4 * (sum(p.numel() for p in params[0]) + 1)  # float32 gradients and the stop flag
+        self.result.ring_bytes += ring_allreduce_bytes(self.K, grad_bytes)
+        took = max(c.next_step_s() for c in self.clocks) + ring_allreduce_time(self.K, grad_bytes, self.cfg.network)
+        self.clock.schedule(t + took, self._ddp_step)
+
+    # ------------------------------------------------------------------ evaluation
+    def joint_vectors(self) -> List[torch.Tensor]:
+        if self.ddp:
+            return [self.agents[0].shards.read(s) for s in range(self.layout.num_shards)]
+        return self.rule.joint_vectors()
+
+    def _evaluate(self, t: float, again: bool = True) -> None:
+        for s, v in enumerate(self.joint_vectors()):
+            self.eval_bound.write(s, v)
+        r = evaluate(self.eval_model, self.hx, self.hy, self.cfg.workload.loss_fn)
+        self.result.history.append(HistoryRow(t, sum(ag.steps for ag in self.agents), r.error, r.loss))
+        if self.cfg.targets and r.error <= min(self.cfg.targets):
+            self.done = True
+        if again:
+            self.clock.schedule(t + self.cfg.eval_every_s, self._evaluate)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> SimResult:
+        wall = time.perf_counter()
+        if self.ddp:
+            self.clock.schedule(0.0, self._ddp_step)
+        else:
+            for a in range(self.K):
+                self.clock.schedule(0.0, lambda when, a=a: self._step(a, when))
+        if self.pipeline is not None:
+            self.pipeline.start(0.0)
+        self.clock.schedule(0.0, self._evaluate)
+        self.clock.run_until(self.cfg.max_virtual_s, stop=lambda: self.done)
+        res = self.result
+        if not self.done and (not res.history or res.history[-1].t < self.clock.now):
+            self._evaluate(self.clock.now, again=False)
+        res.virtual_s = self.clock.now
+        res.steps = sum(ag.steps for ag in self.agents)
+        res.cycles = list(self.pipeline.stats) if self.pipeline is not None else []
+        res.service_requests = sum(c.requests for c in self.clients if c is not None)
+        res.service_bytes_in, res.service_bytes_out = self.port.bytes_in, self.port.bytes_out
+        res.reach()
+        res.wall_s = time.perf_counter() - wall
+        return res
+
+
+class _PlainRule(Algorithm):
+    """ddp's stand-in for the agent factory: hooks that do nothing (the simulator averages the gradients)."""
+
+    name: str = "ddp"
+    buffers: str = "average"
+
+    def agent_factory(self):
+        return AgentRule
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    return Simulator(cfg).run()
+
+
+__all__: List[str] = ["REFUSED", "SimConfig", "Simulator", "check_supported", "simulate"]

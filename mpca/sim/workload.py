@@ -1,0 +1,66 @@
+"""What the simulated agents train: the model, loss and optimizer factories and each agent's rows.
+
+The default is the benchmark's task (``conf/teacher_mlp.yaml``): rows of :class:`mpca.data.synthetic.TeacherTask`
+(each agent its own disjoint block of rows, the holdout after them) and :class:`mpca.models.MLP`."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, Tuple
+
+import numpy as np
+import torch
+
+from mpca.data.synthetic import TeacherTask
+from mpca.models import MLP, build_optimizer, cross_entropy
+
+
+@dataclass(frozen=True)
+class TeacherWorkload:
+    """``rows_per_agent`` teacher rows per agent (agent a: rows [a·n, (a+1)·n)), ``holdout`` rows after every
+    agent's; an MLP with ``hidden`` widths; Adam or SGD at ``lr``."""
+
+    hidden: Tuple[int, ...] = (1024, 1024)
+    features: int = 64
+    classes: int = 10
+    teacher_hidden: int = 64
+    rows_per_agent: int = 20_000
+    holdout: int = 2_000
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    momentum: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.rows_per_agent < 1 or self.holdout < 1:
+            raise ValueError("rows_per_agent and holdout must be >= 1")
+        if self.optimizer not in ("adam", "adamw", "sgd"):
+            raise ValueError(f"optimizer must be adam, adamw or sgd, got {self.optimizer!r}")
+
+    def task(self, agents: int) -> TeacherTask:
+        return TeacherTask(rows=agents * self.rows_per_agent + self.holdout, features=self.features,
+                           classes=self.classes, hidden=self.teacher_hidden, seed=self.seed)
+
+    @property
+    def model_fn(self) -> Callable[[], torch.nn.Module]:
+        return functools.partial(MLP, self.features, tuple(self.hidden), self.classes)
+
+    @property
+    def loss_fn(self):
+        return cross_entropy
+
+    @property
+    def optimizer_fn(self):
+        return functools.partial(build_optimizer, self.optimizer, self.lr, self.momentum, 0.0)
+
+    def agent_rows(self, agent: int, agents: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        lo = agent * self.rows_per_agent
+        return self._rows(agents, np.arange(lo, lo + self.rows_per_agent))
+
+    def holdout_rows(self, agents: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        lo = agents * self.rows_per_agent
+        return self._rows(agents, np.arange(lo, lo + self.holdout))
+
+    def _rows(self, agents: int, ids: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.task(agents).take(ids)
+        return torch.from_numpy(x), torch.from_numpy(y)

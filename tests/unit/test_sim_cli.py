@@ -1,0 +1,34 @@
+"""``mpca simulate`` in-process: bad input is one line and exit code 2; a short run prints constants and a table."""
+import json
+
+import pytest
+
+from mpca.cli import main
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["simulate", "--agents", "0"], "agents"),
+    (["simulate", "--link", "fast"], "--link 'fast'"),
+    (["simulate", "-a", "nope"], "unknown algorithm 'nope'"),
+    (["simulate", "-a", "weaksync"], "does not run weaksync"),
+    (["simulate", "-a", "sync", "algorithm.every=0"], "algorithm.every"),
+    (["simulate", "--wire", "int3"], "wire"),
+    (["simulate", "--targets", "2"], "target errors"),
+    (["simulate", "every=3"], "expected algorithm.KEY=VALUE"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(argv, says, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err and "Traceback" not in err
+
+
+def test_a_short_simulation_prints_the_constants_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "sim.json"
+    code = main(["simulate", "-k", "2", "--hidden", "16", "--rows", "200", "--max-seconds", "3", "--step-s", "0.1",
+                 "--targets", "0.95", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "constants: link 100 Mbit/s" in printed and "job overhead 0.25 s" in printed
+    assert "mpca | 2 | fp32" in printed
+    data = json.loads(out.read_text())
+    assert data["constants"]["link_bps"] == 100e6 and data["history"]

@@ -1,0 +1,191 @@
+"""The simulator runs the library's own rules on real gradients in virtual time (mpca.sim)."""
+import numpy as np
+import pytest
+import torch
+
+from mpca.algorithm.rounds import digest
+from mpca.algorithm.sync import SyncDriver
+from mpca.sim import NetworkConstants, SimConfig, Simulator, simulate
+from mpca.sim.clock import VirtualClock
+from mpca.sim.compute import ComputeModel
+from mpca.sim.workload import TeacherWorkload
+
+TINY = TeacherWorkload(hidden=(16,), rows_per_agent=256, holdout=256, optimizer="sgd", lr=0.1)
+
+
+def config(algorithm, agents=2, **kw):
+    base = dict(algorithm=algorithm, agents=agents, workload=TINY, batch_size=16,
+                compute=ComputeModel(step_s=1.0), eval_every_s=1000.0, max_virtual_s=20.0)
+    return SimConfig(**{**base, **kw})
+
+
+# --------------------------------------------------------------------------- the clock
+def test_clock_runs_events_in_time_order_and_ties_in_scheduling_order():
+    clock, seen = VirtualClock(), []
+    for t, name in [(2.0, "c"), (1.0, "a"), (2.0, "d"), (1.5, "b")]:
+        clock.schedule(t, lambda when, name=name: seen.append((when, name)))
+    clock.run_until(1.9)
+    assert seen == [(1.0, "a"), (1.5, "b")] and clock.now == 1.9
+    clock.run_until(10)
+    assert [n for _, n in seen] == ["a", "b", "c", "d"]
+    with pytest.raises(ValueError):
+        clock.schedule(1.0, lambda when: None)  # the past
+
+
+# --------------------------------------------------------------------------- a deterministic replay
+def hand_replay_sync(work, agents, every, rounds, batch_size, seed=0):
+    """SparkNet's rounds done by hand: each agent's H steps (the runtime's seeds and batch order), then the
+    average (Eq. 9 with weight 1: Σ x / K) replaces every model."""
+    torch.manual_seed(seed)
+    init = {k: v.clone() for k, v in work.model_fn().state_dict().items()}
+    models, opts, data, orders = [], [], [], []
+    for a in range(agents):
+        torch.manual_seed(seed + 1000 * a)
+        m = work.model_fn()
+        m.load_state_dict(init)
+        models.append(m)
+        opts.append(work.optimizer_fn(m.parameters()))
+        data.append(work.agent_rows(a, agents))
+        gen = torch.Generator().manual_seed(seed + 7919 * a)
+        orders.append([gen, torch.randperm(work.rows_per_agent, generator=gen), 0])
+    for _ in range(rounds):
+        for a in range(agents):
+            for _ in range(every):
+                gen, order, lo = orders[a]
+                if lo >= work.rows_per_agent:
+                    order, lo = torch.randperm(work.rows_per_agent, generator=gen), 0
+                idx = order[lo:lo + batch_size]
+                orders[a] = [gen, order, lo + batch_size]
+                x, y = data[a][0][idx], data[a][1][idx]
+                opts[a].zero_grad(set_to_none=True)
+                work.loss_fn(models[a](x), y).backward()
+                opts[a].step()
+        flats = [torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in models]
+        total = flats[0] * 1.0
+        for f in flats[1:]:
+            total = total + f * 1.0
+        avg = total / float(agents)
+        for m in models:
+            torch.nn.utils.vector_to_parameters(avg.clone(), m.parameters())  # its own copy each
+    return [torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in models]
+
+
+def test_two_agents_on_a_free_network_equal_a_replay_by_hand_bit_for_bit():
+    every, rounds = 3, 4
+    # step_s = 1: round r's steps at 3r .. 3r + 2, its average delivered at 3r + 2, the next step at 3r + 3
+    sim = Simulator(config({"name": "sync", "every": every}, network=NetworkConstants.free(),
+                           max_virtual_s=every * rounds - 0.5))
+    sim.run()
+    expected = hand_replay_sync(TINY, 2, every, rounds, 16)
+    for agent, vec in zip(sim.agents, expected):
+        assert agent.steps == every * rounds
+        assert torch.equal(agent.shards.read(0), vec)
+    assert torch.equal(sim.rule.joint[0], expected[0])
+
+
+# --------------------------------------------------------------------------- the rules are the library's
+def test_swapping_a_library_rule_changes_the_simulated_trajectory(monkeypatch):
+    cfg = config({"name": "sync", "every": 3}, max_virtual_s=30.0)
+    normal = Simulator(cfg)
+    normal.run()
+    start = Simulator(cfg).rule.joint[0].clone()
+    assert not torch.equal(normal.rule.joint[0], start)
+    # a driver that never moves: every round restarts from the initial model
+    monkeypatch.setattr(SyncDriver, "on_reduced", lambda self, c, s, partial: self.next_round(self.joint[0]))
+    frozen = Simulator(cfg)
+    frozen.run()
+    assert frozen.rule.rounds == normal.rule.rounds > 1
+    assert torch.equal(frozen.rule.joint[0], start)
+
+
+def test_parked_round_agents_wait_for_the_delivery_and_start_from_it():
+    # every = 3 steps of 1 s, then a job of 5 s overhead: agents park from t = 3 until the delivery
+    net = NetworkConstants(link_bps=1e12, latency_s=0.0, job_overhead_s=5.0)
+    sim = Simulator(config({"name": "sync", "every": 3}, network=net, max_virtual_s=12.5))
+    sim.run()
+    # round 0: steps at 0, 1, 2; job 0 runs 0..~5 (yield at 5), job 1 delivers at ~10: round 1's steps at 10, 11, 12
+    assert [a.steps for a in sim.agents] == [6, 6]
+    for a in sim.agents:
+        assert a.rule.round == 1
+    delivered = Simulator(config({"name": "sync", "every": 3}, network=net, max_virtual_s=10.2))
+    delivered.run()
+    for a in delivered.agents:  # right after the delivery, before the next steps: the round began from x̃
+        assert a.rule.start_digest == digest(delivered.rule.joint[0])
+
+
+def test_waiting_is_the_round_agents_seam():
+    sim = Simulator(config({"name": "sync", "every": 2}, max_virtual_s=0.5))
+    rule = sim.agents[0].rule
+    assert not rule.waiting()
+    sim.agents[0].step()
+    assert not rule.waiting()
+    sim.agents[0].step()
+    assert rule.waiting()
+    rule.start_round(rule.ctx.shards.split(0, sim.rule.joint[0]))
+    assert not rule.waiting()
+    mpca = Simulator(config("mpca", max_virtual_s=0.5))
+    assert not mpca.agents[0].rule.waiting()  # the base rule never waits
+
+
+# --------------------------------------------------------------------------- end to end
+@pytest.mark.parametrize("algorithm", ["mpca", "easgd", {"name": "diloco", "every": 5}])
+def test_a_small_simulation_reaches_a_loose_target(algorithm):
+    work = TeacherWorkload(hidden=(32,), rows_per_agent=2000, holdout=500, optimizer="adam", lr=0.003)
+    res = simulate(SimConfig(algorithm=algorithm, agents=2, workload=work, batch_size=32,
+                             compute=ComputeModel(step_s=0.1), eval_every_s=1.0, max_virtual_s=60.0,
+                             targets=(0.8, 0.7), network=NetworkConstants(link_bps=1e9)))
+    assert res.time_to_target["0.7"] is not None, res.history[-3:]
+    assert 0 < res.time_to_target["0.8"] <= res.time_to_target["0.7"] <= res.virtual_s
+    assert res.history[0].holdout_error > 0.7  # it started above the target
+    if res.algorithm == "easgd":
+        assert res.service_requests > 0 and res.service_bytes_in > 0 and not res.cycles
+    else:
+        assert res.cycles and all(c.end > c.start for c in res.cycles)
+
+
+def test_the_network_decides_the_time_to_target():
+    slow = simulate(config({"name": "sync", "every": 3}, network=NetworkConstants(link_bps=1e4)))  # ~4 s a model
+    fast = simulate(config({"name": "sync", "every": 3}, network=NetworkConstants(link_bps=1e9)))
+    assert slow.steps < fast.steps  # the agents waited longer for each round's model
+    slow_cycle = np.mean([c.end - c.start for c in slow.cycles])
+    fast_cycle = np.mean([c.end - c.start for c in fast.cycles])
+    assert slow_cycle > fast_cycle
+
+
+def test_lossy_wire_formats_move_fewer_bytes():
+    fp32 = simulate(config("mpca", max_virtual_s=5.0))
+    int8 = simulate(config("mpca", wire="int8", max_virtual_s=5.0))
+    assert int8.cycles[0].bytes_up < fp32.cycles[0].bytes_up / 3
+
+
+def test_ddp_keeps_replicas_identical_and_pays_the_ring():
+    sim = Simulator(config("ddp", max_virtual_s=5.5))
+    res = sim.run()
+    a, b = (ag.shards.read(0) for ag in sim.agents)
+    assert torch.equal(a, b) and sim.agents[0].steps == sim.agents[1].steps
+    assert res.ring_bytes > 0
+
+
+@pytest.mark.parametrize("algorithm, wire, why", [("rudra-hardsync", "fp32", "waits inside serve"),
+                                                  ("weaksync", "fp32", "waits inside serve"),
+                                                  ("ddp", "int8", "fp32 only")])
+def test_what_it_cannot_run_is_refused_in_one_line(algorithm, wire, why):
+    with pytest.raises(ValueError, match=why):
+        Simulator(config(algorithm, wire=wire))
+
+
+def test_rudra_softsync_runs_its_service_calls_inside_after_backward():
+    res = simulate(config({"name": "rudra-async"}, max_virtual_s=5.0))
+    assert res.service_requests == res.steps > 0
+
+
+def test_the_simulator_imports_neither_spark_nor_the_runtime():
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "mpca" / "sim"
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not [n for n in names if n.startswith(("pyspark", "mpca.runtime"))], path.name
