@@ -121,7 +121,7 @@ def test_waiting_is_the_round_agents_seam():
     assert not rule.waiting()
     sim.agents[0].step()
     assert rule.waiting()
-    rule.start_round(rule.ctx.shards.split(0, sim.rule.joint[0]))
+    rule.start_round(rule.ctx.shards.split(0, sim.rule.joint[0]), {"round": 1})
     assert not rule.waiting()
     mpca = Simulator(config("mpca", max_virtual_s=0.5))
     assert not mpca.agents[0].rule.waiting()  # the base rule never waits
