@@ -170,6 +170,8 @@ class Agent:
 
             host, port = spec.service
             self.service = ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload)
+            if attempt > 0:  # a replacement starts from the server's current model, not the run's first one
+                self._join_service()
         self.codec = spec.codec
         ctx = AgentContext(agent_id=agent_id, agents=spec.training.agents, model=self.model,
                            optimizer=self.optimizer, shards=self.shards, device=self.device,
@@ -266,7 +268,7 @@ class Agent:
             self.rule.after_step()
             self.steps += 1
             self.samples += int(x.shape[0])
-            if self.steps % 10 == 0:
+            if self.steps % 10 == 0 or self.steps == 1:  # every 10 steps (a device sync), and the first one
                 self.last_loss = float(loss.detach())
                 if not math.isfinite(self.last_loss):
                     self._reset(f"loss {self.last_loss} at step {self.steps}")
@@ -292,7 +294,8 @@ class Agent:
         rate = (self.steps - s0) / (now - t0) if now > t0 else 0.0
         self._rate_mark = (now, self.steps)
         return {"steps": self.steps, "samples": self.samples, "loss": self.last_loss, "steps_per_s": rate,
-                "exchange_s": self.exchange_s, "alive_s": now - self.started, **self.device_clock.counters()}
+                "exchange_s": self.exchange_s, "alive_s": now - self.started, "attempt": self.attempt,
+                **self.device_clock.counters()}
 
     def report(self, **kw) -> AgentReport:
         return AgentReport(agent=self.id, executor=self.executor, pid=os.getpid(), device=str(self.device),
@@ -313,6 +316,19 @@ class Agent:
                 log.warning("agent %s: its contribution of cycle %d (shard %d) never reached the reduction; "
                             "its weight carries over to the next one", self.id, c, shard)
                 self.rule.contribution_lost(shard, extra)
+
+    def _join_service(self) -> None:
+        """A replacement of an agent-initiated algorithm (Spark retried its task): before its rule is built, the
+        local model becomes the parameter service's current model (the driver rule's join vectors, exact)."""
+        reply, payload = self.service.request({"op": "join", "agent": self.id})
+        vec = torch.from_numpy(np.frombuffer(payload, dtype=_np_dtype(self.spec.layout.wire_dtype)).copy())
+        sizes = [self.spec.layout.shard_numel(s) for s in range(self.spec.layout.num_shards)]
+        if vec.numel() != sum(sizes):
+            raise ValueError(f"join payload has {vec.numel()} values, the model {sum(sizes)}")
+        with torch.no_grad():
+            for s, part in enumerate(torch.split(vec, sizes)):
+                torch._foreach_copy_(self.shards.views(s), self.shards.split(s, part))
+        log.info("agent %s (attempt %d) starts from the parameter service's current model", self.id, self.attempt)
 
     def _join(self, payload: bytearray, params: dict) -> None:
         """Start from the driver's joint model (every shard), with a fresh optimizer and fresh counters."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -31,6 +31,8 @@ class DriverService:
         self.feedback = ErrorFeedback(codec)  # the answers' residual, one stream per agent
         self.reports: Dict[int, AgentReport] = {}
         self.requests: Dict[int, int] = {}
+        self.joins: Dict[int, int] = {}  # replacements that fetched the current model, per agent
+        self._joins_seen: Dict[int, int] = {}  # as of the last observation
         self.bytes_in = self.bytes_out = 0  # payloads received from / sent to agents
         self.cond = threading.Condition()
         self.server = ParameterService(secret, self._handle, max_payload=max_payload, bind_host=host, port=port,
@@ -44,6 +46,13 @@ class DriverService:
         agent = int(header["agent"])
         if not 0 <= agent < self.agents:
             raise ValueError(f"no agent {agent} in this run")
+        if header.get("op") == "join":  # a replacement agent: the model it starts from, exact
+            vec = torch.cat([v.reshape(-1) for v in self.rule.join_vectors()])
+            data = np.ascontiguousarray(vec.numpy(), dtype=self.codec.dtype).tobytes()
+            with self.cond:
+                self.bytes_out += len(data)
+                self.joins[agent] = self.joins.get(agent, 0) + 1
+            return {"ok": True, "n": vec.numel()}, data
         n = int(header.get("n", len(payload) // np.dtype(self.codec.dtype).itemsize))
         vec = torch.from_numpy(self.codec.decode(payload, n))
         if not bool(torch.isfinite(vec).all()):
@@ -58,14 +67,17 @@ class DriverService:
             self.cond.notify_all()
         return ({**reply, "n": out.numel()} if out is not None else reply), data
 
-    def observe(self, period_s: float) -> Dict[int, AgentReport]:
-        """Wait until every agent has called since the last observation (at most ``period_s``); their reports."""
+    def observe(self, period_s: float) -> Tuple[Dict[int, AgentReport], List[int]]:
+        """Wait until every agent has called since the last observation (at most ``period_s``); their reports,
+        and the replacement agents that fetched the current model since the last observation."""
         deadline = time.time() + period_s
         with self.cond:
             seen = dict(self.requests)
             while time.time() < deadline and any(self.requests.get(a, 0) <= seen.get(a, 0) for a in range(self.agents)):
                 self.cond.wait(max(0.0, deadline - time.time()))
-            return {a: AgentReport.from_dict(r.to_dict()) for a, r in self.reports.items()}
+            joined = sorted(a for a, n in self.joins.items() if n > self._joins_seen.get(a, 0))
+            self._joins_seen = dict(self.joins)
+            return {a: AgentReport.from_dict(r.to_dict()) for a, r in self.reports.items()}, joined
 
     def close(self) -> None:
         self.server.close()

@@ -26,7 +26,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -63,14 +63,14 @@ class ExchangePipeline:
     """Runs exchange cycles against the live agents of ``roster``; the driver rule keeps the joint model.
 
     ``algorithm`` says how it exchanges (``exchange``) and how often (``cycle_interval_s``); ``observe`` gathers
-    the parameter service's reports for agent-initiated algorithms; ``split_tasks``: separate deliver and reduce
-    tasks (reduce never waits for the broadcast's download) where executors have two free task slots per agent,
-    else one task per agent does both."""
+    the parameter service's reports (and its replacements' joins) for agent-initiated algorithms;
+    ``split_tasks``: separate deliver and reduce tasks (reduce never waits for the broadcast's download) where
+    executors have two free task slots per agent, else one task per agent does both."""
 
     def __init__(self, sc, run_id: str, secret: bytes, rule: DriverRule, algorithm: Algorithm, roster: AgentRoster,
                  codec: Codec, timeline: Optional[Timeline] = None, *, executors: int = 1,
-                 observe: Optional[Callable[[float], Dict[int, AgentReport]]] = None, split_tasks: bool = False,
-                 task_timeout_s: float = 120.0):
+                 observe: Optional[Callable[[float], Tuple[Dict[int, AgentReport], List[int]]]] = None,
+                 split_tasks: bool = False, task_timeout_s: float = 120.0):
         self.rule = rule
         self.exchange = algorithm.exchange
         self.cycle_interval_s = algorithm.cycle_interval_s
@@ -167,7 +167,9 @@ class ExchangePipeline:
     def _observe(self, c: int) -> CycleRecord:
         """A cycle of an agent-initiated algorithm: no Spark job, the parameter service's latest reports."""
         rec = CycleRecord(c, None, None, t_submit=time.time())
-        rec.agents = self.observe(max(0.2, self.cycle_interval_s))
+        rec.agents, rec.joined = self.observe(max(0.2, self.cycle_interval_s))
+        if rec.joined:
+            log.info("agents %s (replacements) started from the parameter service's current model", rec.joined)
         rec.t_end = time.time()
         self.last_agent_reports.update(rec.agents)
         errors = {a: e.error for a, e in rec.agents.items() if e.error}

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.cluster()
 def test_rounds_go_on_with_the_survivor_and_the_replacement_joins_the_current_round(spark, tmp_path, algorithm):
     go = tmp_path / "cycles-under-way"  # the kill comes once a cycle has been evaluated, never at start-up
     fit = Trainer(helpers.executor_killing_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam, agents=2,
-                  input_shape=(1, 8, 8), algorithm=algorithm, max_seconds=75, eval_every_cycles=5,
+                  input_shape=(1, 8, 8), algorithm=algorithm, max_seconds=45, eval_every_cycles=5,
                   agent_wait_s=5.0, spark=spark, on_cycle=lambda row: row["cycle"] > 0 and go.touch()
                   ).fit(dataset_dataframe(spark, "digits"))
     cycles = fit.timeline.cycles
@@ -29,4 +29,28 @@ def test_rounds_go_on_with_the_survivor_and_the_replacement_joins_the_current_ro
     gap = cycles[joined[0]].t_end - cycles[lost[0]].t_submit
     print(f"{fit.algorithm}: {len(lost)} rounds without agent 1, replacement joined {gap:.1f}s after the loss, "
           f"final error {fit.final.error:.3f}")
+    assert fit.final.error < 0.15
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "easgd", "every": 5}, {"name": "downpour", "every": 5}],
+                         ids=["easgd", "downpour"])
+def test_a_service_replacement_starts_from_the_servers_current_model(spark, tmp_path, algorithm):
+    """The parameter-service algorithms: Spark's retried agent task fetches the server's current model before
+    its first step (not the run's first model, w⁰): its first reported loss is the trained model's, not the
+    initial ~2.3, and the timeline records the join."""
+    go = tmp_path / "cycles-under-way"
+    fit = Trainer(helpers.executor_killing_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam, agents=2,
+                  input_shape=(1, 8, 8), algorithm=algorithm, max_seconds=40, eval_every_cycles=3,
+                  spark=spark, on_cycle=lambda row: row["cycle"] > 0 and go.touch()
+                  ).fit(dataset_dataframe(spark, "digits"))
+    cycles = fit.timeline.cycles
+    joined = [i for i, c in enumerate(cycles) if 1 in c.joined]
+    assert joined, "no replacement of agent 1 joined: the fault did not fire or the join was not recorded"
+    first = next((c.agents[1] for c in cycles[joined[0]:] if 1 in c.agents and (c.agents[1].attempt or 0) >= 1
+                  and c.agents[1].steps < 10), None)  # its loss of step 1 (measured then and every 10 steps)
+    assert first is not None, "the replacement never reported its first steps to the service"
+    initial_loss = fit.history["holdout_loss"].iloc[0] if "holdout_loss" in fit.history else 2.3
+    print(f"{fit.algorithm}: replacement joined at cycle {cycles[joined[0]].cycle}; its loss {first.loss:.3f} "
+          f"after {first.steps} steps (initial model's loss {initial_loss:.2f}); final error {fit.final.error:.3f}")
+    assert first.loss < 0.5 * initial_loss
     assert fit.final.error < 0.15
