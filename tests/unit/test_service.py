@@ -198,3 +198,27 @@ def test_a_replayed_handshake_is_refused(service):
     assert_replayed_handshake_refused(lambda: socket.create_connection(service.address), SECRET)
     with client(service) as c:
         assert c.request({"op": "echo"}, None)[0] == {"echo": {"op": "echo"}}  # and it serves on
+
+
+def test_a_replacement_fetches_the_servers_current_model_and_the_next_observation_names_it():
+    """op join on the driver's service: the driver rule's join vectors (the EASGD centre as it is now, not w⁰),
+    exact, whatever the wire format; the next observation lists the agent as joined, the one after does not."""
+    import torch
+
+    from mpca.algorithm.easgd import EASGDDriver
+    from mpca.algorithm.wire import Codec
+    from mpca.runtime.driver_service import DriverService
+
+    rule = EASGDDriver([torch.zeros(5)], agents=2, alpha=0.5)
+    rule.joint[0] = torch.tensor([0.1, -2.0, 3.3, 1e-8, 7.0])  # the centre moved since w⁰
+    svc = DriverService(rule, SECRET, Codec("int8", block=64), MAX_PAYLOAD, "127.0.0.1", 0, agents=2)
+    try:
+        host, port = svc.address
+        with ServiceClient(host, port, SECRET, max_payload=MAX_PAYLOAD, timeout_s=5.0) as client:
+            reply, payload = client.request({"op": "join", "agent": 1})
+        assert reply["n"] == 5
+        assert np.array_equal(np.frombuffer(payload, np.float32), rule.joint[0].numpy())  # exact, not int8
+        assert svc.observe(0.05)[1] == [1]
+        assert svc.observe(0.05)[1] == []
+    finally:
+        svc.close()
