@@ -19,12 +19,12 @@ total one step later, and the sum of the gradients applied tracks the sum of the
 quantisation step however many steps are taken.
 
 The ring is written as a generator (:func:`ring_sum`) that yields each hop's message and is sent the
-predecessor's, so the arithmetic is tested without processes; :func:`ring_all_reduce_` drives it over
-torch.distributed.
+predecessor's: :func:`ring_all_reduce_` drives one rank over torch.distributed, :func:`ring_in_lock_step`
+every rank in one thread (the tests, the simulator).
 """
 from __future__ import annotations
 
-from typing import Generator, List, Tuple
+from typing import Generator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -63,6 +63,27 @@ def ring_sum(x: np.ndarray, rank: int, world: int, feedback: ErrorFeedback) -> G
         lo, hi = bounds[into]
         acc[lo:hi] = codec.decode(msg, hi - lo)
     return acc
+
+
+def ring_in_lock_step(xs: List[np.ndarray], feedbacks: List[ErrorFeedback]) -> Tuple[List[np.ndarray], List[int]]:
+    """Every rank's :func:`ring_sum` in one thread, hop by hop (rank r's message goes to rank r + 1): each
+    rank's result and the bytes each rank sent."""
+    K = len(xs)
+    rings = [ring_sum(x, r, K, fb) for r, (x, fb) in enumerate(zip(xs, feedbacks))]
+    hops = [next(g) for g in rings]
+    sent = [0] * K
+    results: List[Optional[np.ndarray]] = [None] * K
+    while any(r is None for r in results):
+        msgs = [m for m, _ in hops]
+        for r, g in enumerate(rings):
+            if len(msgs[(r - 1) % K]) != hops[r][1]:
+                raise AssertionError(f"rank {r} expected {hops[r][1]} bytes, its predecessor sent {len(msgs[r - 1])}")
+            sent[r] += len(msgs[r])
+            try:
+                hops[r] = g.send(msgs[(r - 1) % K])
+            except StopIteration as done:
+                results[r] = done.value
+    return results, sent
 
 
 def ring_all_reduce_(flat: torch.Tensor, rank: int, world: int, feedback: ErrorFeedback, dist, group=None) -> int:

@@ -22,8 +22,9 @@ wall clock, which one thread in virtual time cannot do).  ``ddp`` is the one exc
 objects": its agent rule joins a torch.distributed process group, so the simulator applies DDPAgent.after_backward's
 math without one — the mean of the K agents' gradients (their sum / K) given to every replica before its
 optimizer step, so the replicas stay identical — with one step taking the slowest agent's device time plus
-the ring all-reduce's (:func:`~mpca.sim.network.ring_allreduce_time`); a lossy wire format with ddp is refused
-(its ring's per-chunk error feedback needs the process group).  The driver's joint model is evaluated on the
+the ring all-reduce's (:func:`~mpca.sim.network.ring_allreduce_time`); with a lossy wire format the
+gradients go through the runtime's own compression hook (:func:`mpca.algorithm.ring.ring_in_lock_step`:
+encoded chunks, per-rank error feedback, every replica the owner's decoded bytes).  The driver's joint model is evaluated on the
 holdout every ``eval_every_s`` virtual seconds, at no virtual cost (ddp: agent 0's replica).
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mpca.algorithm.base import Algorithm, AgentRule
 from mpca.algorithm.registry import build as build_algorithm
+from mpca.algorithm.ring import ring_in_lock_step
 from mpca.algorithm.sharding import ShardLayout
 from mpca.algorithm.wire import Codec, ErrorFeedback, WireFormat
 from mpca.evaluation import evaluate
@@ -95,9 +97,6 @@ def check_supported(cfg: SimConfig) -> None:
     name = cfg.algorithm.name
     if name in REFUSED:
         raise ValueError(f"the simulator does not run {name}: {REFUSED[name]}")
-    if name == "ddp" and cfg.wire != "fp32":
-        raise ValueError(f"the simulator runs ddp with wire fp32 only: with {cfg.wire} its gradients go round "
-                         "mpca.algorithm.ring's encoded ring, which needs a torch.distributed process group")
     cfg.algorithm.check_agents(cfg.agents)
 
 
@@ -115,6 +114,7 @@ class Simulator:
         self.rule = algo.driver_rule([bound.read(s) for s in range(self.layout.num_shards)], K)
         init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.codec = Codec.of(cfg.wire, cfg.wire_block, self.layout.wire_dtype)
+        self.ring_feedback = [ErrorFeedback(self.codec) for _ in range(K)]  # ddp's compressed ring, per rank
         self.clock = VirtualClock()
         self.port = DriverPort(cfg.network)
         self.now = [0.0] * K  # each agent's virtual time while its hooks run
@@ -194,17 +194,28 @@ class Simulator:
         optimizer's step; the slowest device time plus the ring all-reduce's."""
         batches = [ag.compute_gradients() for ag in self.agents]
         params = [[p for p in ag.model.parameters() if p.requires_grad] for ag in self.agents]
-        for i in range(len(params[0])):
-            grads = [ps[i].grad if ps[i].grad is not None else torch.zeros_like(ps[i]) for ps in params]
-            total = grads[0].clone()
-            for g in grads[1:]:
-                total += g
-            total /= self.K
-            for ps in params:
-                ps[i].grad = total.clone()
+        n = sum(p.numel() for p in params[0])
+        if self.codec.lossy:  # the runtime's compression hook itself: mpca.algorithm.ring, every rank in lock step
+            flats = [torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
+                                for p in ps]).numpy() for ps in params]
+            sums, _ = ring_in_lock_step(flats, self.ring_feedback)
+            for ps, total in zip(params, sums):
+                mean = torch.from_numpy(total) / self.K
+                for p, g in zip(ps, torch.split(mean, [p.numel() for p in ps])):
+                    p.grad = g.view_as(p).to(p.dtype).clone()
+            grad_bytes = self.codec.nbytes(n)
+        else:
+            for i in range(len(params[0])):
+                grads = [ps[i].grad if ps[i].grad is not None else torch.zeros_like(ps[i]) for ps in params]
+                total = grads[0].clone()
+                for g in grads[1:]:
+                    total += g
+                total /= self.K
+                for ps in params:
+                    ps[i].grad = total.clone()
+            grad_bytes = 4 * (n + 1)  # float32 gradients and the stop flag
         for ag, b in zip(self.agents, batches):
             ag.apply_step(b)
-        grad_bytes = 4 * (sum(p.numel() for p in params[0]) + 1)  # float32 gradients and the stop flag
         self.result.ring_bytes += ring_allreduce_bytes(self.K, grad_bytes)
         took = max(c.next_step_s() for c in self.clocks) + ring_allreduce_time(self.K, grad_bytes, self.cfg.network)
         self.clock.schedule(t + took, self._ddp_step)

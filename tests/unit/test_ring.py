@@ -3,29 +3,12 @@ chunks, a hand-computed int8 ring, identical results on every rank, error feedba
 import numpy as np
 import pytest
 
-from mpca.algorithm.ring import chunk_bounds, ring_sum
+from mpca.algorithm.ring import chunk_bounds, ring_in_lock_step
 from mpca.algorithm.wire import Codec, ErrorFeedback
 
 
 def run_ring(xs, feedbacks):
-    """Every rank's generator, one hop at a time: rank r's message goes to rank r + 1."""
-    K = len(xs)
-    rings = [ring_sum(x, r, K, fb) for r, (x, fb) in enumerate(zip(xs, feedbacks))]
-    hops = [next(g) for g in rings]
-    sent = [0] * K
-    results = [None] * K
-    while results[0] is None:
-        msgs = [m for m, _ in hops]
-        for r in range(K):
-            assert len(msgs[(r - 1) % K]) == hops[r][1]  # the predecessor sends what this rank expects
-            sent[r] += len(msgs[r])
-        for r, g in enumerate(rings):
-            try:
-                hops[r] = g.send(msgs[(r - 1) % K])
-            except StopIteration as done:
-                results[r] = done.value
-    assert all(res is not None for res in results)  # every rank takes the same number of hops
-    return results, sent
+    return ring_in_lock_step(xs, feedbacks)
 
 
 def test_chunks_cover_the_vector_and_differ_by_at_most_one():
