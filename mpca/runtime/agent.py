@@ -317,26 +317,26 @@ class Agent:
                             "its weight carries over to the next one", self.id, c, shard)
                 self.rule.contribution_lost(shard, extra)
 
-    def _join_service(self) -> None:
-        """A replacement of an agent-initiated algorithm (Spark retried its task): before its rule is built, the
-        local model becomes the parameter service's current model (the driver rule's join vectors, exact)."""
-        reply, payload = self.service.request({"op": "join", "agent": self.id})
-        vec = torch.from_numpy(np.frombuffer(payload, dtype=_np_dtype(self.spec.layout.wire_dtype)).copy())
-        sizes = [self.spec.layout.shard_numel(s) for s in range(self.spec.layout.num_shards)]
-        if vec.numel() != sum(sizes):
-            raise ValueError(f"join payload has {vec.numel()} values, the model {sum(sizes)}")
-        with torch.no_grad():
-            for s, part in enumerate(torch.split(vec, sizes)):
-                torch._foreach_copy_(self.shards.views(s), self.shards.split(s, part))
-        log.info("agent %s (attempt %d) starts from the parameter service's current model", self.id, self.attempt)
-
-    def _join(self, payload: bytearray, params: dict) -> None:
-        """Start from the driver's joint model (every shard), with a fresh optimizer and fresh counters."""
+    def _joint_pieces(self, payload: bytearray) -> List[List[torch.Tensor]]:
+        """A join's payload (the whole joint model, exact, in the layout's wire dtype) as pieces per shard."""
         vec = torch.from_numpy(np.frombuffer(payload, dtype=_np_dtype(self.spec.layout.wire_dtype)))
         sizes = [self.spec.layout.shard_numel(s) for s in range(self.spec.layout.num_shards)]
         if vec.numel() != sum(sizes):
             raise ValueError(f"join payload has {vec.numel()} values, the model {sum(sizes)}")
-        pieces = [self.shards.split(s, part) for s, part in enumerate(torch.split(vec, sizes))]
+        return [self.shards.split(s, part) for s, part in enumerate(torch.split(vec, sizes))]
+
+    def _join_service(self) -> None:
+        """A replacement of an agent-initiated algorithm (Spark retried its task): before its rule is built, the
+        local model becomes the parameter service's current model (the driver rule's join vectors, exact)."""
+        _, payload = self.service.request({"op": "join", "agent": self.id})
+        with torch.no_grad():
+            for s, p in enumerate(self._joint_pieces(payload)):
+                torch._foreach_copy_(self.shards.views(s), p)
+        log.info("agent %s (attempt %d) starts from the parameter service's current model", self.id, self.attempt)
+
+    def _join(self, payload: bytearray, params: dict) -> None:
+        """Start from the driver's joint model (every shard), with a fresh optimizer and fresh counters."""
+        pieces = self._joint_pieces(payload)
         with self._served():
             with torch.no_grad():
                 for s, p in enumerate(pieces):
