@@ -107,6 +107,7 @@ class BackgroundEvaluator:
         weights = {a: r.weight for a, r in reports.items()}
         rates = {a: r.steps_per_s for a, r in reports.items()}
         resets = sum(r.resets for r in reports.values())
+        present = sum(not r.joining for r in reports.values())  # membership: agents whose contribution it had
         sps = dict(sps or {})
         extra = metrics() if metrics is not None else {}
         self._busy.set()
@@ -120,7 +121,7 @@ class BackgroundEvaluator:
                 r = evaluate(self.model, self.hx, self.hy, self.loss_fn)
                 row = {"wall_s": wall, "cycle": cycle + 1, "holdout_error": r.error, "holdout_loss": r.loss,
                        "samples_per_s": float(sum(sps.values())) if sps else float("nan"), "epochs": epochs,
-                       "resets": resets, "weight": weights, "agent_steps_per_s": rates, "agent_samples_per_s": sps, **extra, "_snapshot": snap}
+                       "agents": present, "resets": resets, "weight": weights, "agent_steps_per_s": rates, "agent_samples_per_s": sps, **extra, "_snapshot": snap}
                 with self._lock:
                     self._ready.append(row)
             finally:

@@ -6,7 +6,7 @@ import logging
 import math
 import sys
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 log = logging.getLogger("mpca.progress")
 
@@ -47,6 +47,7 @@ class Progress:
         self.cycle = 0
         self.samples_per_s = float("nan")
         self.error = float("nan")
+        self.agents: Optional[Tuple[int, int]] = None  # (answering, expected) in the latest cycle
         self.t0 = time.time()
 
     def eta_to_target(self) -> Optional[float]:
@@ -63,10 +64,16 @@ class Progress:
         err = f"{100 * self.error:.2f}%" if math.isfinite(self.error) else "-"
         sps = f"{self.samples_per_s:,.0f}" if math.isfinite(self.samples_per_s) else "-"
         tgt = f" | to {100 * self.target:.1f}%: {_fmt_eta(self.eta_to_target())}" if self.target is not None else ""
-        return f"cycle {self.cycle} | {sps} samples/s | holdout error {err}{tgt} | {time.time() - self.t0:.0f}s"
+        agents = f" | agents {self.agents[0]}/{self.agents[1]}" if self.agents else ""
+        return f"cycle {self.cycle}{agents} | {sps} samples/s | holdout error {err}{tgt} | {time.time() - self.t0:.0f}s"
 
-    def update(self, cycle: int, error: Optional[float] = None, samples_per_s: Optional[float] = None) -> None:
+    def update(self, cycle: int, error: Optional[float] = None, samples_per_s: Optional[float] = None,
+               agents: Optional[Tuple[int, int]] = None) -> None:
+        """``agents``: (how many answered the latest cycle, how many the run has); a change is logged at once."""
         self.cycle = cycle
+        changed = agents is not None and self.agents is not None and agents != self.agents
+        if agents is not None:
+            self.agents = agents
         if samples_per_s is not None and math.isfinite(samples_per_s):
             self.samples_per_s = samples_per_s
         if error is not None and math.isfinite(error):
@@ -82,7 +89,7 @@ class Progress:
                 self._handle = display(self.line(), display_id=True)
             else:
                 self._handle.update(self.line())
-        elif self.mode == "log" and (error is not None or time.time() - self._last_log >= self.log_every_s):
+        elif self.mode == "log" and (error is not None or changed or time.time() - self._last_log >= self.log_every_s):
             self._last_log = time.time()
             log.info(self.line())
 

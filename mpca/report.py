@@ -29,7 +29,7 @@ def write_json(path: str, value) -> str:
 
 
 def write_history_csv(history, path: str) -> str:
-    cols = [c for c in ("wall_s", "cycle", "holdout_error", "holdout_loss", "samples_per_s", "epochs", "resets")
+    cols = [c for c in ("wall_s", "cycle", "holdout_error", "holdout_loss", "samples_per_s", "epochs", "agents", "resets")
             if c in history]
     out = history[cols].copy()
     extra = [c for c in ("weight", "agent_samples_per_s") if c in history]

@@ -220,7 +220,8 @@ class Trainer:
                         last_eval, eval_wanted = time.time(), False  # a due one the evaluator was busy for: next cycle
                     if st.checkpoint.dir and out.cycles % st.checkpoint.every_cycles == 0:
                         saver.submit(self._snapshot(run, model, out.cycles, specs, time.time() - t0))
-                    progress.update(out.cycles, None, sum(sps.values()) if sps else None)
+                    progress.update(out.cycles, None, sum(sps.values()) if sps else None,
+                                    agents=(sum(not r.joining for r in rec.agents.values()), run.agents))
                     met = False
                     for row in evaluator.drain():
                         snapshot = row.pop("_snapshot")

@@ -54,3 +54,33 @@ def test_a_service_replacement_starts_from_the_servers_current_model(spark, tmp_
           f"after {first.steps} steps (initial model's loss {initial_loss:.2f}); final error {fit.final.error:.3f}")
     assert first.loss < 0.5 * initial_loss
     assert fit.final.error < 0.15
+
+
+def test_ddp_reforms_its_group_with_the_survivor_then_with_the_replacement(spark, tmp_path):
+    """DDP: the killed rank's connection closes, the survivor's all-reduce fails and it re-forms the process group
+    alone (training on meanwhile); Spark's retried task asks to join and both re-form from the survivor's model
+    and optimizer state, bit-identical again — no checkpoint, no restart of the run."""
+    go = tmp_path / "cycles-under-way"
+    fit = Trainer(helpers.executor_killing_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam, agents=2,
+                  input_shape=(1, 8, 8), algorithm={"name": "ddp", "verify_every": 1}, max_seconds=45,
+                  eval_every_cycles=5, agent_wait_s=5.0, spark=spark,
+                  on_cycle=lambda row: row["cycle"] > 0 and go.touch()).fit(dataset_dataframe(spark, "digits"))
+    cycles = fit.timeline.cycles
+    lost = [i for i, c in enumerate(cycles) if 1 in c.missing]
+    assert lost, "agent 1 was never missing: the fault did not fire"
+    alone = [c.agents[0].extra for c in cycles[lost[0]:] if 0 in c.agents and c.agents[0].extra.get("members") == [0]]
+    assert alone, "the survivor never trained in a group of its own while agent 1 was gone"
+    steps_alone = [c.agents[0].steps for c in cycles[lost[0]:] if 1 in c.missing and 0 in c.agents]
+    assert steps_alone[-1] > steps_alone[0], steps_alone  # it went on training meanwhile
+    both = [c for c in cycles if all(a in c.agents and c.agents[a].extra.get("members") == [0, 1] and
+                                     (c.agents[a].extra.get("generation") or 0) >= 2 for a in (0, 1))]
+    assert both, [(c.cycle, {a: r.extra.get("members") for a, r in c.agents.items()}) for c in cycles]
+    last = both[-1]
+    d0, d1 = (last.agents[a].extra["digests"] for a in (0, 1))
+    common = sorted(set(d0) & set(d1), key=int)
+    assert len(common) >= 5 and all(d0[s] == d1[s] for s in common), "the replicas differ after the re-forming"
+    gap = both[0].t_end - cycles[lost[0]].t_submit
+    print(f"ddp: {len(lost)} cycles without agent 1, the survivor alone in generation {alone[0]['generation']}, "
+          f"both again in generation {last.agents[0].extra['generation']} {gap:.1f}s after the loss; "
+          f"final error {fit.final.error:.3f}")
+    assert fit.final.error < 0.15

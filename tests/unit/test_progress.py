@@ -102,3 +102,14 @@ def test_early_evaluations_after_cycles_1_2_4_8_then_every_nth():
     assert due == [1, 2, 4, 8, 10, 20, 30]
     t = SimpleNamespace(settings=Settings.model_validate({"eval": {"every_cycles": 1}}))
     assert [c + 1 for c in range(4) if Trainer._eval_due(t, c, last_eval=float("inf"))] == [1, 2, 3, 4]
+
+
+def test_membership_shows_in_the_line_and_a_change_is_logged_at_once(caplog):
+    p = Progress("log", log_every_s=3600)
+    with caplog.at_level(logging.INFO, logger="mpca.progress"):
+        p.update(1, 0.5, 10.0, agents=(2, 2))  # an evaluation: logged
+        p.update(2, None, 10.0, agents=(2, 2))  # nothing new: not logged
+        p.update(3, None, 10.0, agents=(1, 2))  # an agent gone: logged at once
+        p.update(4, None, 10.0, agents=(1, 2))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "cycle 1 | agents 2/2 |" in lines[0] and "cycle 3 | agents 1/2 |" in lines[1], lines
