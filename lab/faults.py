@@ -1,12 +1,15 @@
 """Faults injected into a real run, and what they cost (a command; the tests use the same injection).
 
-    python -m lab.faults [-c conf/digits.yaml] [--faults none,hang,kill-executor] [--target 0.05]
+    python -m lab.faults [-c conf/digits.yaml] [--algorithms mpca,sync,diloco,easgd,downpour,ddp]
+                         [--faults none,hang,kill-executor] [--target 0.05]
 
 Each fault hits agent 1 once, ``--at-call`` forward passes into its training, from inside its own
 process: ``hang`` stops the process (SIGSTOP) and a helper resumes it (SIGCONT) ``--hang-s`` later;
-``kill-executor`` kills its executor's JVM (SIGKILL); ``none`` is the unfaulted reference.  Prints per
-fault the time to ``--target``, the final error, how many cycles ran without agent 1, the longest cycle,
-and when the agent was back (answering again, or a replacement joined).
+``kill-executor`` kills its executor's JVM (SIGKILL); ``none`` is the unfaulted reference.  Every algorithm
+(``--algorithms``: one per family by default, ``all`` for every registered one, each at its defaults) runs
+every fault; prints per run the time to ``--target`` and its ratio to the same algorithm's unfaulted run,
+the final error, how many cycles ran without agent 1, the longest cycle, and when the agent was back
+(answering again, or a replacement joined); ``--json`` keeps the rows.
 
 The model_fn of :func:`faulty` runs on executors, which cannot import ``lab`` (they do not run in the
 checkout): this module is pickled by value.
@@ -108,46 +111,70 @@ def recovery(fit, agent: int = 1) -> dict:
             "back_after_s": back}
 
 
+FAMILIES = ("mpca", "sync", "diloco", "easgd", "downpour", "ddp")  # one per way of exchanging
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-c", "--config", action="append", default=[])
+    ap.add_argument("--algorithms", default=",".join(FAMILIES), help="comma-separated, or 'all'")
     ap.add_argument("--faults", default=",".join(FAULTS))
     ap.add_argument("--target", type=float, default=0.05)
     ap.add_argument("--max-seconds", type=float, default=75.0)
     ap.add_argument("--at-call", type=int, default=150)
     ap.add_argument("--hang-s", type=float, default=8.0)
+    ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
+    from mpca.algorithm import registry
     from mpca.bench.compare import time_to
     from mpca.config import load_config, settings_from
     from mpca.data.sources import job_dataframe
     from mpca.models import training_functions
+    from mpca.report import write_json
     from mpca.runtime.cluster import session_for
     from mpca.trainer import Trainer
 
     cfg = load_config(args.config or ["conf/digits.yaml"], args.overrides)
+    names = [n for n in registry.names() if n != "single"] if args.algorithms == "all" else args.algorithms.split(",")
     spark, _ = session_for(cfg.cluster, cfg.run.name)
     rows = []
     try:
-        for fault in args.faults.split(","):
-            model_fn, loss_fn, optimizer_fn = training_functions(cfg.model, cfg.optimizer)
-            settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"},
-                                     stop={"max_seconds": args.max_seconds}, progress="off",
-                                     eval={"every_cycles": None, "every_seconds": 1.0},
-                                     checkpoint={"dir": None, "init_from": cfg.checkpoint.init_from})
-            fit = Trainer(faulty(model_fn, fault, args.at_call, args.hang_s), loss_fn, optimizer_fn, settings,
-                          spark=spark).fit(job_dataframe(spark, cfg.data))
-            rows.append({"fault": fault, "time_to_target_s": time_to(fit.history, args.target),
-                         "final_error": fit.final.error, **recovery(fit)})
-            print(rows[-1], flush=True)
+        for name in names:
+            algorithm = cfg.algorithm if name == cfg.algorithm.name else {"name": name}
+            for fault in args.faults.split(","):
+                model_fn, loss_fn, optimizer_fn = training_functions(cfg.model, cfg.optimizer)
+                settings = settings_from(cfg, algorithm=algorithm,
+                                         cluster={**cfg.cluster.model_dump(), "master": "existing"},
+                                         stop={"max_seconds": args.max_seconds}, progress="off",
+                                         eval={"every_cycles": None, "every_seconds": 1.0},
+                                         checkpoint={"dir": None, "init_from": cfg.checkpoint.init_from})
+                fit = Trainer(faulty(model_fn, fault, args.at_call, args.hang_s), loss_fn, optimizer_fn, settings,
+                              spark=spark).fit(job_dataframe(spark, cfg.data))
+                rows.append({"algorithm": name, "fault": fault, "time_to_target_s": time_to(fit.history, args.target),
+                             "final_error": fit.final.error, **recovery(fit)})
+                print(rows[-1], flush=True)
     finally:
         spark.stop()
-    print(f"\n{'fault':<14} {'t(' + format(100 * args.target, 'g') + '%) s':>9} {'final %':>8} {'cycles w/o':>10} "
-          f"{'longest cycle s':>15} {'back after s':>12}")
-    for r in rows:
-        print(f"{r['fault']:<14} {r['time_to_target_s']:>9.1f} {100 * r['final_error']:>8.2f} {r['cycles_without']:>10} "
-              f"{r['longest_cycle_s']:>15.2f} {r['back_after_s'] if r['back_after_s'] is None else round(r['back_after_s'], 1)!s:>12}")
+    if args.json:
+        write_json(args.json, rows)
+    print(table(rows, args.target))
     return 0
+
+
+def table(rows, target: float) -> str:
+    """One line per run: time to target and its ratio to the algorithm's unfaulted run, and the recovery."""
+    ref = {r["algorithm"]: r["time_to_target_s"] for r in rows if r["fault"] == "none"}
+    head = (f"{'algorithm':<10} {'fault':<14} {'t(' + format(100 * target, 'g') + '%) s':>9} {'× none':>7} "
+            f"{'final %':>8} {'cycles w/o':>10} {'longest cycle s':>15} {'back after s':>12}")
+    lines = [head]
+    for r in rows:
+        t, base = r["time_to_target_s"], ref.get(r["algorithm"])
+        ratio = t / base if base and math.isfinite(base) and math.isfinite(t) else math.nan
+        back = "-" if r["back_after_s"] is None else f"{r['back_after_s']:.1f}"
+        lines.append(f"{r['algorithm']:<10} {r['fault']:<14} {t:>9.1f} {ratio:>7.2f} {100 * r['final_error']:>8.2f} "
+                     f"{r['cycles_without']:>10} {r['longest_cycle_s']:>15.2f} {back:>12}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

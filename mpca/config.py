@@ -104,7 +104,9 @@ class OptimizerSection(_Strict):
 
 
 class TrainingSection(_Strict):
-    agents: int = Field(2, ge=1)
+    agents: int = Field(2, ge=1, description="how many agents (one Spark task each); a range MIN-MAX (e.g. 2-4) "
+                        "makes the run elastic: it starts once MIN are up and the others join as Spark finds them "
+                        "room")
     batch_size: int = Field(64, ge=1)
     use_gpus: Optional[bool] = None
     agent_cpus: Optional[List[int]] = Field(None, description="pin each agent's training thread to these CPU "
@@ -121,6 +123,38 @@ class TrainingSection(_Strict):
     timeline_window: int = Field(1000, ge=1, description="cycles of the exchange timeline the driver keeps in "
                                  "memory (~3 KB each); older ones go to a temporary file, and timeline.csv and "
                                  "FitResult.timeline.to_pandas() still hold every cycle")
+    elastic: bool = Field(False, description="start once min_agents agents are up; the others (up to agents) join "
+                          "from the joint model when Spark gives their tasks a slot (dynamic allocation, a worker "
+                          "added); set by agents: MIN-MAX")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _agents_range(cls, data: Any) -> Any:
+        """``agents: 2-4`` (or ``[2, 4]``): agents=4, min_agents=2, elastic."""
+        if not isinstance(data, dict):
+            return data
+        value = data.get("agents")
+        if isinstance(value, str) and "-" in value:
+            bounds = value.split("-", 1)
+        elif isinstance(value, (list, tuple)):
+            bounds = list(value)
+        else:
+            return data
+        try:
+            lo, hi = (int(str(b).strip()) for b in bounds)
+        except ValueError:
+            raise ValueError(f"training.agents={value!r}: give a count (4) or a range MIN-MAX (2-4)") from None
+        if not 1 <= lo <= hi:
+            raise ValueError(f"training.agents={value!r}: a range needs 1 <= MIN <= MAX, e.g. 2-4")
+        if data.get("min_agents") not in (None, lo):
+            raise ValueError(f"training.agents={value!r} sets min_agents={lo}; drop training.min_agents="
+                             f"{data['min_agents']}")
+        return {**data, "agents": hi, "min_agents": lo, "elastic": lo < hi}
+
+    @property
+    def start_agents(self) -> int:
+        """How many agents the run waits for before it starts: all of them, or MIN of an elastic range."""
+        return self.min_agents if self.elastic else self.agents
 
     @model_validator(mode="after")
     def _min_agents_fit(self):
@@ -243,9 +277,9 @@ class Settings(_Strict):
             execs, cores = local.executors, local.cores
             if cores < 2:
                 raise ValueError(f"cluster.master gives executors {cores} core(s); agents need 2 (use local-cluster[K,2,MB])")
-            if self.training.agents > execs:
-                raise ValueError(f"training.agents={self.training.agents} but cluster.master has {execs} executor(s); "
-                                 f"lower training.agents or raise K in local-cluster[K,...]")
+            if self.training.start_agents > execs:
+                raise ValueError(f"training.agents={self.training.start_agents} but cluster.master has {execs} "
+                                 f"executor(s); lower training.agents or raise K in local-cluster[K,...]")
         return self
 
 

@@ -45,7 +45,7 @@ class AgentContext:
     means to talk to the driver when its algorithm is agent-initiated."""
 
     agent_id: int
-    agents: int
+    agents: int  # K: the run's agents (an elastic run's most)
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     shards: BoundShards
@@ -57,6 +57,7 @@ class AgentContext:
     stats: Callable[[], Dict[str, Any]] = dict  # the agent's counters (steps, samples, loss), for service headers
     stopping: Callable[[], bool] = bool  # whether the driver asked this agent to stop (for rules that wait)
     wire: ErrorFeedback = field(default_factory=lambda: ErrorFeedback(Codec()))  # how service payloads travel
+    start_agents: Optional[int] = None  # an elastic run starts with this many (None: all K); the others come later
 
 
 class AgentRule:

@@ -80,10 +80,14 @@ class DDPAgent(AgentRule):
         self.reform: Optional[str] = None  # why this agent must re-form before its next step: lost, join, newcomer
         self.regroups = 0
         self._joins_polled = 0.0
-        if self.membership.arrive():
-            self._form(first_generation(ctx.agents))
-        else:  # a replacement: it enters at the members' next generation, between two steps
+        start = ctx.start_agents or ctx.agents
+        if not self.membership.arrive(start):  # a replacement, or late: it enters the members' next generation
             self.reform = "newcomer"
+        elif start == ctx.agents:
+            self._form(first_generation(ctx.agents))
+        else:  # an elastic start: generation 1 is whoever is up first (at least `start` of them)
+            self.reform = "start"
+            self.start_agents = start
 
     # ---------------------------------------------------------------- the group
     def _form(self, gen: Generation) -> None:
@@ -113,6 +117,8 @@ class DDPAgent(AgentRule):
         self._leave()
         if why == "newcomer":
             gen = self.membership.join()
+        elif why == "start":
+            gen = self.membership.next(0, 0, expected=self.start_agents)
         else:  # a join brings the newcomers counted since the last generation; a loss: whoever is left
             expected = old.world + self.membership.joins() - old.joins if why == "join" and old else None
             gen = self.membership.next(old.number if old else self.membership.latest(), self.steps, expected)

@@ -15,7 +15,8 @@ form a new group — a new **generation** — under a store prefix of its own, a
 A participant that finds itself left out of a decided generation (it came late) asks to join the next one.
 A newcomer registers, then raises the store's ``joins`` counter; the members see it between two steps
 (:meth:`Membership.joins`, polled about once a second and agreed on through DDP's own all-reduce) and re-form
-with it.  Generation 0 is the run's first K arrivals, by agent id, as before.
+with it.  Generation 0 is the run's first K arrivals, by agent id, as before; an elastic run (fewer agents
+at the start than it may have) decides generation 1 from whoever is up first, like a join.
 
 Only decisions and counters go through the store (JSON and integers); the state itself travels over the new
 group's own collectives (:mod:`mpca.algorithm.ddp`).
@@ -87,9 +88,10 @@ class Membership:
         self.stopping, self.poll_s, self.clock, self.sleep = stopping, poll_s, clock, sleep
 
     # ---------------------------------------------------------------- counters
-    def arrive(self) -> bool:
-        """Count this process in; True for the run's first K arrivals (generation 0's members)."""
-        return int(self.store.add("arrivals", 1)) <= self.agents
+    def arrive(self, first: Optional[int] = None) -> bool:
+        """Count this process in; True for the run's first ``first`` (default K) arrivals: generation 0's
+        members, or an elastic run's starters, who decide generation 1 among themselves."""
+        return int(self.store.add("arrivals", 1)) <= (first or self.agents)
 
     def joins(self) -> int:
         """Newcomers' requests to join so far."""

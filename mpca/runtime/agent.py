@@ -170,14 +170,16 @@ class Agent:
 
             host, port = spec.service
             self.service = ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload)
-            if attempt > 0:  # a replacement starts from the server's current model, not the run's first one
+            # a replacement (or an elastic run's agent, which may come up late) starts from the server's current
+            # model, not the run's first one
+            if attempt > 0 or spec.training.elastic:
                 self._join_service()
         self.codec = spec.codec
         ctx = AgentContext(agent_id=agent_id, agents=spec.training.agents, model=self.model,
                            optimizer=self.optimizer, shards=self.shards, device=self.device,
                            rows=int(features.shape[0]), service=self.service, rendezvous=dict(spec.rendezvous),
                            lock=self.lock, stats=self._counters, stopping=lambda: self.stop_requested,
-                           wire=ErrorFeedback(self.codec))
+                           wire=ErrorFeedback(self.codec), start_agents=spec.training.start_agents)
         self.feedback = ErrorFeedback(self.codec)  # what its last contribution of each shard lost (lossy formats)
         self.rule: AgentRule = spec.algorithm.agent_factory()(ctx)
         self._anchor = [[v.detach().clone() for v in self.shards.views(s)] for s in range(spec.layout.num_shards)]
@@ -328,7 +330,7 @@ class Agent:
     def _join_service(self) -> None:
         """A replacement of an agent-initiated algorithm (Spark retried its task): before its rule is built, the
         local model becomes the parameter service's current model (the driver rule's join vectors, exact)."""
-        _, payload = self.service.request({"op": "join", "agent": self.id})
+        _, payload = self.service.request({"op": "join", "agent": self.id, "attempt": self.attempt})
         with torch.no_grad():
             for s, p in enumerate(self._joint_pieces(payload)):
                 torch._foreach_copy_(self.shards.views(s), p)

@@ -226,13 +226,14 @@ def check_capacity(shape: ClusterShape, agents: int, use_gpus: bool) -> None:
 
 def agents_fit(sc, settings) -> Tuple[ClusterShape, bool]:
     """The cluster's shape (waiting up to ``cluster.executor_wait_s`` for the executors) and whether the agents
-    use GPUs, after checking that it can host ``training.agents`` agents (one line otherwise)."""
+    use GPUs, after checking that it can host the agents the run starts with (``training.agents``, or MIN of an
+    elastic range: the others wait for Spark to find them room) — one line otherwise."""
     training = settings.training
-    shape = inspect_cluster(sc, training.agents, settings.cluster.executor_wait_s)
+    shape = inspect_cluster(sc, training.start_agents, settings.cluster.executor_wait_s)
     use_gpus = training.use_gpus if training.use_gpus is not None else shape.gpus_per_executor > 0
     if use_gpus and shape.gpus_per_executor == 0:
         raise UserError("use_gpus=True but the executors have no GPUs (set spark.executor.resource.gpu.amount)")
-    check_capacity(shape, training.agents, use_gpus)
+    check_capacity(shape, training.start_agents, use_gpus)
     return shape, use_gpus
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 from mpca.errors import RunFailedError
 from mpca.runtime.jobs import ExchangeJobs
@@ -15,13 +15,20 @@ STOP_ATTEMPTS = 6
 
 
 def hello(jobs: ExchangeJobs, expected: int, timeout_s: float, agent_job_alive: Callable[[], bool],
-          why_ended: Callable[[], str] = lambda: "see the executors' logs") -> Dict[int, AgentReport]:
+          why_ended: Callable[[], str] = lambda: "see the executors' logs", all_agents: Optional[int] = None,
+          grace_s: float = 5.0) -> Dict[int, AgentReport]:
     """Wait until ``expected`` distinct agents answer (they may still be loading their data); they become the
-    roster's agents."""
+    roster's agents.  Elastic (``all_agents`` > ``expected``): once ``expected`` answered, wait ``grace_s`` more
+    for the others (all of them: at once); those still not up are expected later (absent until they come)."""
     seen: Dict[int, AgentReport] = {}
     deadline = time.time() + timeout_s
     attempt = 0
-    while len(seen) < expected:
+    enough_since: Optional[float] = None
+    while len(seen) < (all_agents or expected):
+        if len(seen) >= expected:
+            enough_since = enough_since or time.time()
+            if time.time() - enough_since >= grace_s:
+                break
         if time.time() > deadline:
             raise RunFailedError(f"only {len(seen)} of {expected} agents came up within {timeout_s:.0f}s "
                                  f"(agents seen: {sorted(seen)}); check executor logs")
@@ -30,7 +37,7 @@ def hello(jobs: ExchangeJobs, expected: int, timeout_s: float, agent_job_alive: 
         # fewer agents than executors: some executor has none, so reach every executor at once and let the
         # tasks that find no agent give up soon, rather than waiting 10 s on an agent-less executor
         sparse = expected < jobs.executors
-        plan = jobs.plan(f"hello{attempt}", "hello", wait_for_agent_s=2.0 if sparse else 10.0)
+        plan = jobs.plan(f"hello{attempt}", "hello", wait_for_agent_s=2.0 if sparse or enough_since else 10.0)
         res = jobs.run(plan, jobs.spread(expected, 1 if sparse else attempt), None,
                        f"mpca: waiting for agents (attempt {attempt})")
         for a, e in res.agents.items():
@@ -39,7 +46,11 @@ def hello(jobs: ExchangeJobs, expected: int, timeout_s: float, agent_job_alive: 
             seen[a] = e
             jobs.roster.pids[a] = e.pid
         attempt += 1
-    jobs.roster.reset(seen)
+    later = [a for a in range(all_agents or 0) if a not in seen]
+    if later:
+        log.info("elastic start with %d of %d agents; agents %s join when Spark finds their tasks room", len(seen),
+                 all_agents, later)
+    jobs.roster.reset(seen, later=later)
     return seen
 
 

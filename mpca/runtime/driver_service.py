@@ -32,6 +32,9 @@ class DriverService:
         self.reports: Dict[int, AgentReport] = {}
         self.requests: Dict[int, int] = {}
         self.joins: Dict[int, int] = {}  # replacements that fetched the current model, per agent
+        self.last_call: Dict[int, float] = {}  # when each agent last called (its model or a join)
+        self.started = time.time()
+        self.observed = False  # first agents (attempt 0) joining before the first observation: an elastic start
         self._joins_seen: Dict[int, int] = {}  # as of the last observation
         self.bytes_in = self.bytes_out = 0  # payloads received from / sent to agents
         self.cond = threading.Condition()
@@ -51,7 +54,9 @@ class DriverService:
             data = np.ascontiguousarray(vec.numpy(), dtype=self.codec.dtype).tobytes()
             with self.cond:
                 self.bytes_out += len(data)
-                self.joins[agent] = self.joins.get(agent, 0) + 1
+                self.last_call[agent] = time.time()
+                if self.observed or int(header.get("attempt", 1)) > 0:  # not an elastic run's agent at its start
+                    self.joins[agent] = self.joins.get(agent, 0) + 1
             return {"ok": True, "n": vec.numel()}, data
         n = int(header.get("n", len(payload) // np.dtype(self.codec.dtype).itemsize))
         vec = torch.from_numpy(self.codec.decode(payload, n))
@@ -62,6 +67,7 @@ class DriverService:
         with self.cond:
             self.reports[agent] = AgentReport.from_dict({**header, "agent": agent})
             self.requests[agent] = self.requests.get(agent, 0) + 1
+            self.last_call[agent] = time.time()
             self.bytes_in += len(payload)
             self.bytes_out += 0 if data is None else len(data)
             self.cond.notify_all()
@@ -77,7 +83,14 @@ class DriverService:
                 self.cond.wait(max(0.0, deadline - time.time()))
             joined = sorted(a for a, n in self.joins.items() if n > self._joins_seen.get(a, 0))
             self._joins_seen = dict(self.joins)
+            self.observed = True
             return {a: AgentReport.from_dict(r.to_dict()) for a, r in self.reports.items()}, joined
+
+    def silent(self, for_s: float) -> List[int]:
+        """Agents that have not called for ``for_s`` seconds (never: since the service started)."""
+        now = time.time()
+        with self.cond:
+            return [a for a in range(self.agents) if now - self.last_call.get(a, self.started) > for_s]
 
     def close(self) -> None:
         self.server.close()

@@ -60,7 +60,8 @@ class ExchangePlan:
     only_agents: Optional[Tuple[int, ...]] = None  # claim only these agents (None: any of the run)
     absent: Tuple[int, ...] = ()  # agents the driver counts as hung or lost: tried last, with a short wait
     counted: Optional[Dict[int, Tuple[int, ...]]] = None  # per agent, recent cycles whose contribution counted
-    pids: Optional[Dict[int, int]] = None  # each agent's process as the driver knows it: another one is a replacement
+    pids: Optional[Dict[int, int]] = None  # each agent's process as the driver knows it: another one (or one the
+    # driver never knew: an elastic run's agent that came up late) joins from the joint model
 
     def wants(self, agent: Optional[int]) -> bool:
         return agent is not None and (self.only_agents is None or agent in self.only_agents)
@@ -111,7 +112,7 @@ def _yield(plan: ExchangePlan, ch: Channel, entry: AgentReport, rec: ExchangeRec
     known = (plan.pids or {}).get(entry.agent)
     header, payload = ch.request({"op": "yield", "shard": plan.reduce_shard, "params": plan.params or {},
                                   "cycle": plan.cycle, "counted": None if counted is None else list(counted),
-                                  "rejoin": known is not None and known != entry.pid,
+                                  "rejoin": plan.pids is not None and known != entry.pid,
                                   "timeout_s": plan.timeout_s}, timeout=plan.timeout_s + 10)
     entry.t_yield = time.time()
     if "agent" not in header:  # the agent answered with an error instead of its shard

@@ -63,13 +63,15 @@ class ExchangePipeline:
     """Runs exchange cycles against the live agents of ``roster``; the driver rule keeps the joint model.
 
     ``algorithm`` says how it exchanges (``exchange``) and how often (``cycle_interval_s``); ``observe`` gathers
-    the parameter service's reports (and its replacements' joins) for agent-initiated algorithms;
+    the parameter service's reports (and its replacements' joins) for agent-initiated algorithms, ``silent`` the
+    agents that have not called it for a given time;
     ``split_tasks``: separate deliver and reduce tasks (reduce never waits for the broadcast's download) where
     executors have two free task slots per agent, else one task per agent does both."""
 
     def __init__(self, sc, run_id: str, secret: bytes, rule: DriverRule, algorithm: Algorithm, roster: AgentRoster,
                  codec: Codec, timeline: Optional[Timeline] = None, *, executors: int = 1,
                  observe: Optional[Callable[[float], Tuple[Dict[int, AgentReport], List[int]]]] = None,
+                 silent: Optional[Callable[[float], List[int]]] = None,
                  split_tasks: bool = False, task_timeout_s: float = 120.0):
         self.rule = rule
         self.exchange = algorithm.exchange
@@ -86,6 +88,7 @@ class ExchangePipeline:
         self._pending = None  # (cycle, shard, record) reduced but not yet staged
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpca-exchange")
         self.last_agent_reports: Dict[int, AgentReport] = {}
+        self.silent = silent
 
     def job_with_corrections(self, reduce: ExchangePlan, deliver: Optional[ExchangePlan], bc, description: str,
                              rec: CycleRecord) -> ExchangeRecord:
@@ -171,6 +174,8 @@ class ExchangePipeline:
         if rec.joined:
             log.info("agents %s (replacements) started from the parameter service's current model", rec.joined)
         rec.t_end = time.time()
+        # membership: an agent that has not called the service for the roster's bounded wait is missing
+        rec.missing = self.silent(self.roster.wait_s()) if self.silent else []
         self.last_agent_reports.update(rec.agents)
         errors = {a: e.error for a, e in rec.agents.items() if e.error}
         if errors:

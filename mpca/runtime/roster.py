@@ -31,13 +31,19 @@ class AgentRoster:
         self.absent: Dict[int, float] = {}  # agents that stopped answering: since when; left out of corrections
         self.joining: Set[int] = set()  # replacements (Spark retried their task) waiting for the joint model
         self.pids: Dict[int, int] = {}  # the process of each agent; another process answering is a replacement
+        self.not_started: Set[int] = set()  # an elastic run's agents whose task has not had room yet
         self._short_since: Optional[float] = None  # since when fewer than min_agents answer
         self._durations: collections.deque = collections.deque(maxlen=20)
         self._counted: Dict[int, collections.deque] = {a: collections.deque(maxlen=64) for a in self.agents}
 
-    def reset(self, agents: Iterable[int]) -> None:
-        """The agents that came up (after the hello)."""
-        self.agents = sorted(agents)
+    def reset(self, agents: Iterable[int], later: Iterable[int] = ()) -> None:
+        """The agents that came up (after the hello), and those of an elastic run expected later: absent until
+        they answer (then they join from the joint model, as replacements do)."""
+        later = set(later)
+        self.agents = sorted(set(agents) | later)
+        self.not_started = later
+        now = time.time()
+        self.absent.update({a: now for a in later})
         self._counted = {a: self._counted.get(a, collections.deque(maxlen=64)) for a in self.agents}
 
     def wait_s(self) -> float:
@@ -73,7 +79,11 @@ class AgentRoster:
         rec.missing = [a for a in self.agents if a not in answered or answered[a].joining]
         for a in self.agents:
             if a in answered:
-                if a in self.absent:
+                if a in self.not_started:
+                    self.not_started.discard(a)
+                    log.warning("agent %s came up %.1fs into the run (elastic): it joins from the joint model", a,
+                                now - self.absent.pop(a))
+                elif a in self.absent:
                     log.warning("agent %s answers again after %.1fs%s", a, now - self.absent.pop(a),
                                 " (a replacement: it joins from the joint model)" if answered[a].joining else "")
                 if answered[a].joining:

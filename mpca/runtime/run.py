@@ -72,6 +72,7 @@ class AgentRun:
         self.pipeline = ExchangePipeline(self.sc, self.run_id, secret, self.rule, algo, roster,
                                          self.codec, self.timeline, executors=self.shape.executors,
                                          observe=self.service.observe if self.service else None,
+                                         silent=self.service.silent if self.service else None,
                                          split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2)
         self.pipeline.restore_pending(pending)
         self._restore_wire(wire_state)
@@ -85,22 +86,25 @@ class AgentRun:
         self.job.start(self._train_df, self.agents, self.spec, data.features, data.label, self.profile,
                        shuffle=data.shuffle)
         try:
-            self.agent_info = control.hello(self.pipeline.jobs, self.agents,
+            training = self.settings.training
+            self.agent_info = control.hello(self.pipeline.jobs, training.start_agents,
                                             self.settings.cluster.agent_start_timeout_s, self.job.alive,
-                                            self.job.failure)
+                                            self.job.failure, all_agents=self.agents if training.elastic else None)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         skew = label_skew({a: r.labels for a, r in self.agent_info.items()})
         if skew:
             log.warning(skew)
-        log.info("%d agents up after %.1fs (%s, algorithm %s)", self.agents, time.time() - t0, self.layout.describe(),
-                 self.settings.algorithm.name)
+        log.info("%d agents up after %.1fs (%s, algorithm %s)", len(self.agent_info), time.time() - t0,
+                 self.layout.describe(), self.settings.algorithm.name)
         return self
 
     def cycle(self, c: int):
         if not self.job.alive():
             raise RunFailedError(f"the agents' Spark job ended unexpectedly: {self.job.failure()}")
+        if self.pipeline.roster.absent:  # executors come and go: the exchange tasks must reach new ones too
+            self.pipeline.jobs.executors = max(1, cluster.executor_count(self.sc))
         return self.pipeline.cycle(c)
 
     def agent_status(self) -> Dict[int, AgentReport]:
@@ -169,7 +173,8 @@ class AgentRun:
             self.rule.on_stop()
             self.stopped = control.stop_agents(self.pipeline.jobs)
             self.pipeline.close()
-            if not self.job.join(30):
+            # an elastic run's agents that never had room: their tasks are still pending, nothing to wait for
+            if not self.job.join(2 if self.pipeline.roster.not_started else 30):
                 self.job.cancel()
                 self.job.join(10)
         finally:

@@ -134,6 +134,8 @@ def _bad_inputs(tmp):
         (train + ["cluster.service_port=70000"], "'cluster.service_port'"),
         (train + ["cluster.master=sc://spark-connect:15002"], "Spark Connect"),
         (train + ["training.min_agents=3"], "min_agents=3 exceeds training.agents=2"),
+        (train + ["training.agents=3-1"], "a range needs 1 <= MIN <= MAX"),
+        (train + ["training.agents=2-x"], "give a count (4) or a range MIN-MAX"),
         (train + ["data.path=x.parquet"], "data.path 'x.parquet' does not exist"),  # the override's source wins
         (train + ["data.path=x.csv", "data.format=csv"], "Spark reads as csv"),
         (train + ["data.format=csv;"], "data.format"),
@@ -158,7 +160,7 @@ def _bad_inputs(tmp):
     ]
 
 
-CASES = len(MISTAKES) + 31  # with the cases below MISTAKES in _bad_inputs; the test checks the total
+CASES = len(MISTAKES) + 33  # with the cases below MISTAKES in _bad_inputs; the test checks the total
 
 
 @pytest.mark.parametrize("case", range(CASES))
@@ -264,3 +266,17 @@ def test_a_section_and_its_shortcut_share_a_name():
     assert settings_from(wire="int8").wire.format == "int8"  # the shortcut: wire.format
     whole = settings_from(wire={"format": "int4", "block": 128})  # the section, given whole
     assert (whole.wire.format, whole.wire.block) == ("int4", 128)
+
+
+def test_an_agents_range_makes_an_elastic_run_that_starts_with_its_minimum():
+    from mpca.config import TrainingSection
+
+    t = TrainingSection(agents="2-4")
+    assert (t.agents, t.min_agents, t.elastic, t.start_agents) == (4, 2, True, 2)
+    assert TrainingSection(agents=[1, 3]).start_agents == 1
+    assert TrainingSection.model_validate(t.model_dump()) == t  # survives a round trip
+    fixed = TrainingSection(agents=3, min_agents=2)  # min_agents alone: a loss tolerated, not an elastic start
+    assert (fixed.elastic, fixed.start_agents) == (False, 3)
+    assert TrainingSection(agents="3-3").elastic is False
+    with pytest.raises(ValueError, match="drop training.min_agents=3"):
+        TrainingSection(agents="2-4", min_agents=3)

@@ -30,3 +30,18 @@ def test_recovery_counts_the_cycles_without_the_agent_and_when_it_was_back():
 def test_unknown_fault_is_refused():
     with pytest.raises(ValueError, match="unknown fault"):
         faults.faulty(lambda: None, "meteor")
+
+
+def test_the_table_gives_each_faulted_run_its_ratio_to_the_same_algorithms_unfaulted_one():
+    def row(algorithm, fault, t, back=None):
+        return {"algorithm": algorithm, "fault": fault, "time_to_target_s": t, "final_error": 0.01,
+                "cycles_without": 0 if back is None else 3, "longest_cycle_s": 1.0, "back_after_s": back}
+
+    text = faults.table([row("sync", "none", 10.0), row("sync", "kill-executor", 15.0, 12.5),
+                         row("ddp", "none", 20.0), row("ddp", "hang", 22.0, 8.0), row("ddp", "kill-executor", float("nan"))],
+                        0.05)
+    lines = text.splitlines()
+    assert "t(5%) s" in lines[0] and "× none" in lines[0]
+    assert lines[2].split()[:4] == ["sync", "kill-executor", "15.0", "1.50"] and lines[2].split()[-1] == "12.5"
+    assert lines[4].split()[:4] == ["ddp", "hang", "22.0", "1.10"]
+    assert lines[5].split()[2:4] == ["nan", "nan"]  # never reached: no ratio

@@ -115,6 +115,18 @@ def test_a_returning_agent_is_counted_again_and_a_replacement_waits_to_join():
     assert list(p.counted()[0]) == [0, 1] and list(p.counted()[1]) == []  # only counted contributions are confirmed
 
 
+def test_an_elastic_runs_later_agents_are_absent_until_they_come_then_join():
+    p = AgentRoster([0, 1, 2], min_agents=1)
+    p.reset([0], later=[1, 2])
+    assert p.agents == [0, 1, 2] and set(p.absent) == {1, 2} and p.not_started == {1, 2}
+    rec = CycleRecord(0, 0, None, t_submit=0.0)
+    p.track(rec, _answered(0))
+    assert rec.missing == [1, 2] and p.missing_from({0: None}) == []  # no wait, no corrective job for them
+    rec = CycleRecord(1, 0, None, t_submit=0.0)
+    p.track(rec, _answered(0, 2, joining=[2]))  # agent 2's task found room: it answers as a newcomer
+    assert p.not_started == {1} and set(p.absent) == {1} and p.joining == {2} and rec.missing == [1, 2]
+
+
 def test_an_executor_error_is_reduced_to_its_python_exception_line():
     from mpca.runtime.agent_job import executor_cause
 

@@ -1,0 +1,119 @@
+"""Elastic K (issue 27): ``training.agents: 1-2`` on a real Spark standalone cluster that has room for one agent
+at the start; a second worker joins the cluster mid-run, Spark gives the agents' pending task the new executor,
+and that agent joins from the joint model and contributes from then on."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mpca.data.datasets import dataset_dataframe
+from mpca.trainer import Trainer
+from tests import helpers
+
+pytestmark = [pytest.mark.standalone, pytest.mark.usefixtures("no_shared_spark")]
+
+
+class StandaloneCluster:
+    """A throw-away Spark standalone master on this machine, and workers (2 cores, one ``agentslot`` each)
+    added one by one; every process stopped on close."""
+
+    def __init__(self, tmp):
+        import pyspark
+
+        self.tmp, self.procs = tmp, []
+        self.home = os.path.dirname(pyspark.__file__)
+        self.slot = tmp / "agentslot.sh"
+        self.slot.write_text("#!/bin/sh\necho '{\"name\":\"agentslot\",\"addresses\":[\"0\"]}'\n")
+        self.slot.chmod(0o755)
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+                    str(self.port), "--webui-port", "0")
+
+    def _start(self, name, cls, *args, env=None):
+        log = open(self.tmp / f"{name}.log", "w")
+        self.procs.append(subprocess.Popen([os.path.join(self.home, "bin", "spark-class"), cls, *args],
+                                           stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                           start_new_session=True))
+
+    def add_worker(self):
+        i = sum(1 for p in self.procs) - 1
+        opts = (f"-Dspark.worker.resource.agentslot.amount=1 "
+                f"-Dspark.worker.resource.agentslot.discoveryScript={self.slot}")
+        self._start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", "--cores", "2", "--memory", "1536m",
+                    "--work-dir", str(self.tmp / f"work{i}"), "--webui-port", "0", self.url,
+                    env={"SPARK_WORKER_OPTS": opts})
+
+    def session(self):
+        from pyspark.sql import SparkSession
+
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        return (SparkSession.builder.master(self.url).appName("mpca-elastic-test")
+                .config("spark.executor.cores", "2").config("spark.executor.memory", "1g")
+                .config("spark.pyspark.python", sys.executable).config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.executor.resource.agentslot.amount", "1")
+                .config("spark.executor.resource.agentslot.discoveryScript", str(self.slot))
+                .getOrCreate())
+
+    def close(self):
+        for p in reversed(self.procs):
+            try:
+                os.killpg(p.pid, 15)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                p.wait(5)
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "mpca"}, {"name": "easgd", "every": 5}, {"name": "ddp"}],
+                         ids=["mpca", "easgd", "ddp"])
+def test_an_agent_joins_when_a_worker_is_added_to_the_running_cluster(tmp_path, algorithm):
+    cluster = StandaloneCluster(tmp_path)
+    spark = None
+    try:
+        cluster.add_worker()
+        spark = cluster.session()
+        spark.sparkContext.setLogLevel("ERROR")
+        added, both = [], []
+
+        def grow(row):  # once the run trains with one agent, a second worker joins the cluster
+            if row["cycle"] > 2 and not added:
+                added.append(time.time())
+                cluster.add_worker()
+            both.append(row["agents"] == 2)
+            if sum(both) >= 4:  # evaluated four times with both agents: enough seen
+                trainer.request_stop()
+
+        trainer = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents="1-2", input_shape=(1, 8, 8),
+                          algorithm=algorithm, max_seconds=120, eval_every_cycles=3, spark=spark, on_cycle=grow)
+        fit = trainer.fit(dataset_dataframe(spark, "digits"))
+        assert added, "the run never got going with one agent"
+        cycles = fit.timeline.cycles
+        joined = [i for i, c in enumerate(cycles) if 1 in c.joined]
+        assert joined, f"agent 1 never joined: {[(c.cycle, c.missing, sorted(c.agents)) for c in cycles][-5:]}"
+        assert all(1 in c.missing for c in cycles[:joined[0]] if c.t_end < added[0])  # absent until the worker came
+        after = [c for c in cycles[joined[0] + 1:] if 1 not in c.missing]
+        assert len(after) >= 3, [(c.cycle, c.missing) for c in cycles[joined[0]:]]
+        if fit.algorithm == "ddp":  # generation 1 from the starter alone, then one with both agents
+            last = after[-1].agents
+            assert last[0].extra["members"] == last[1].extra["members"] == [0, 1], {a: r.extra for a, r in last.items()}
+        agents = list(fit.history["agents"].dropna())  # the first row: the initial model, before any agent
+        assert agents[1] == 1 and max(agents) == 2, agents
+        print(f"{fit.algorithm}: agent 1 joined {cycles[joined[0]].t_end - added[0]:.1f}s after the worker was "
+              f"added; {len(after)} cycles with both agents; final error {fit.final.error:.3f}")
+        assert fit.final.error < 0.15
+    finally:
+        if spark is not None:
+            spark.stop()
+        cluster.close()
