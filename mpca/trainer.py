@@ -216,12 +216,12 @@ class Trainer:
                     sps = rate.observe(reports)
                     eval_wanted = eval_wanted or self._eval_due(c - first_cycle, last_eval)
                     if eval_wanted and evaluator.submit(run.joint_vectors(), c, time.time() - t0, rec.agents, epochs,
-                                                        run.metrics, sps, present=run.agents - len(rec.missing)):
+                                                        run.metrics, sps, present=run.membership()[0]):
                         last_eval, eval_wanted = time.time(), False  # a due one the evaluator was busy for: next cycle
                     if st.checkpoint.dir and out.cycles % st.checkpoint.every_cycles == 0:
                         saver.submit(self._snapshot(run, model, out.cycles, specs, time.time() - t0))
                     progress.update(out.cycles, None, sum(sps.values()) if sps else None,
-                                    agents=(run.agents - len(rec.missing), run.agents))
+                                    agents=run.membership())
                     met = False
                     for row in evaluator.drain():
                         snapshot = row.pop("_snapshot")

@@ -82,6 +82,12 @@ class AgentRule:
 
     def between_steps(self) -> None: ...
 
+    def hand_in(self) -> None:
+        """The agent leaves the run (its executor is being decommissioned; agent-initiated algorithms): send the
+        parameter service what it holds that the joint model lacks, in the training thread after its last step.
+        Rules that exchange every few steps do their exchange now; those that send every step have nothing
+        left to send."""
+
     def waiting(self) -> bool:
         """Whether :meth:`between_steps` would block now, waiting for the driver (a simulator in virtual time parks
         the agent until a delivery instead of calling it; the runtime never asks)."""

@@ -27,6 +27,11 @@ class EASGDAgent(ServiceAgent):
     def after_step(self) -> None:
         self.since += 1
 
+    def hand_in(self) -> None:
+        if self.since:
+            self.since = self.every  # its last exchange, now
+            self.between_steps()
+
     def between_steps(self) -> None:
         if self.since < self.every:
             return

@@ -68,6 +68,11 @@ class CommitAgent(ServiceAgent):
     def after_step(self) -> None:
         self.since += 1
 
+    def hand_in(self) -> None:
+        if self.since:
+            self.since = self.every  # commit what it accumulated, now
+            self.between_steps()
+
     def between_steps(self) -> None:
         if self.since < self.every:
             return

@@ -69,6 +69,23 @@ class AgentSpec:
         return self.algorithm.exchange == "cycle"
 
 
+class LeaveOnRequest:
+    """The parameter service's client as the agent rule sees it: an answer that asks this agent to leave (its
+    executor is being decommissioned) calls ``on_leave`` once; requests and answers are otherwise untouched."""
+
+    def __init__(self, client, on_leave: Callable[[], None]):
+        self.client, self.on_leave = client, on_leave
+
+    def request(self, header: dict, payload=None):
+        reply, data = self.client.request(header, payload)
+        if reply.get("leave") and header.get("op") != "leave":
+            self.on_leave()
+        return reply, data
+
+    def close(self) -> None:
+        self.client.close()
+
+
 class DeviceClock:
     """Each training step's real compute time and CPU, and — with ``step_s`` set — an emulated accelerator:
     the real step runs, then the training loop waits out the rest of ``step_s``, so every step takes that
@@ -161,6 +178,7 @@ class Agent:
         self.last_contact = time.time()
         self.error: Optional[str] = None
         self.stop_requested = False
+        self.leaving = False
         self.started = time.time()
         self._rate_mark = (time.time(), 0)
         self.executor = placement.executor_id()
@@ -169,7 +187,8 @@ class Agent:
             from mpca.runtime.service import ServiceClient
 
             host, port = spec.service
-            self.service = ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload)
+            self.service = LeaveOnRequest(ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload),
+                                          self._asked_to_leave)
             # a replacement (or an elastic run's agent, which may come up late) starts from the server's current
             # model, not the run's first one
             if attempt > 0 or spec.training.elastic:
@@ -188,6 +207,10 @@ class Agent:
         self._unsettled: Dict[int, Tuple[int, dict]] = {}  # cycle -> (shard, extra) yielded, not yet confirmed
         self.lost = 0
         self.refused = 0  # connections closed because MAX_CONNECTIONS were open
+
+    def _asked_to_leave(self) -> None:
+        self.leaving = True
+        self.stop_requested = True  # the training loop ends after this step, then hands in
 
     # ------------------------------------------------------------------ training
     def _should_stop(self) -> bool:
@@ -237,6 +260,10 @@ class Agent:
                 if time.time() - self.last_contact > self.spec.idle_timeout_s:
                     self.error = f"agent {self.id}: no exchange for {self.spec.idle_timeout_s:.0f}s; driver presumed gone"
                     break
+            if self.leaving:  # its executor is being decommissioned: hand in what it holds, then say so
+                self.rule.hand_in()
+                self.service.request({"op": "leave", "agent": self.id})
+                log.warning("agent %s left the run (its executor is being decommissioned)", self.id)
         except Exception:
             self.error = f"agent {self.id} training failed:\n{traceback.format_exc()}"
 
@@ -296,6 +323,7 @@ class Agent:
         rate = (self.steps - s0) / (now - t0) if now > t0 else 0.0
         self._rate_mark = (now, self.steps)
         return {"steps": self.steps, "samples": self.samples, "loss": self.last_loss, "steps_per_s": rate,
+                "executor": self.executor,
                 "exchange_s": self.exchange_s, "alive_s": now - self.started, "attempt": self.attempt,
                 **self.device_clock.counters()}
 

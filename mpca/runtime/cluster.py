@@ -174,6 +174,16 @@ def executor_count(sc) -> int:
     return max(0, sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
 
 
+def decommissioning(sc, executors) -> set:
+    """Which of ``executors`` (ids) Spark's scheduler knows to be decommissioning (``spark.decommission.enabled``:
+    a worker or node going away, a spot instance's notice, dynamic allocation scaling down)."""
+    scheduler = sc._jsc.sc().taskScheduler()
+    try:
+        return {e for e in executors if scheduler.getExecutorDecommissionState(e).isDefined()}
+    except Exception:  # noqa: BLE001 - a scheduler without decommissioning (none on the driver side): nothing
+        return set()
+
+
 def inspect_cluster(sc, wait_for: int, wait_s: float = 60.0) -> ClusterShape:
     """Wait (up to ``wait_s``) until ``wait_for`` executors registered, then describe the cluster."""
     master = sc.master or ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
 
 import numpy as np
 import torch
@@ -35,6 +35,8 @@ class DriverService:
         self.last_call: Dict[int, float] = {}  # when each agent last called (its model or a join)
         self.started = time.time()
         self.observed = False  # first agents (attempt 0) joining before the first observation: an elastic start
+        self.leaving: Set[int] = set()  # agents asked to leave (their executor is being decommissioned)
+        self.left: Set[int] = set()  # agents that handed in their last exchange and said so
         self._joins_seen: Dict[int, int] = {}  # as of the last observation
         self.bytes_in = self.bytes_out = 0  # payloads received from / sent to agents
         self.cond = threading.Condition()
@@ -49,6 +51,11 @@ class DriverService:
         agent = int(header["agent"])
         if not 0 <= agent < self.agents:
             raise ValueError(f"no agent {agent} in this run")
+        if header.get("op") == "leave":  # its last exchange is in: it stops
+            with self.cond:
+                self.left.add(agent)
+                self.cond.notify_all()
+            return {"ok": True}, None
         if header.get("op") == "join":  # a replacement agent: the model it starts from, exact
             vec = torch.cat([v.reshape(-1) for v in self.rule.join_vectors()])
             data = np.ascontiguousarray(vec.numpy(), dtype=self.codec.dtype).tobytes()
@@ -63,6 +70,8 @@ class DriverService:
         if not bool(torch.isfinite(vec).all()):
             raise ValueError(f"agent {agent} sent NaN/Inf; refused (the joint model stays finite)")
         reply, out = self.rule.serve(agent, header, vec)
+        if agent in self.leaving:
+            reply = {**reply, "leave": True}  # it exchanges once more (hands in), then stops
         data = None if out is None else self.feedback.encode(agent, out.numpy())
         with self.cond:
             self.reports[agent] = AgentReport.from_dict({**header, "agent": agent})
@@ -87,10 +96,17 @@ class DriverService:
             return {a: AgentReport.from_dict(r.to_dict()) for a, r in self.reports.items()}, joined
 
     def silent(self, for_s: float) -> List[int]:
-        """Agents that have not called for ``for_s`` seconds (never: since the service started)."""
+        """Agents that have not called for ``for_s`` seconds (never: since the service started); those that
+        left are not missing."""
         now = time.time()
         with self.cond:
-            return [a for a in range(self.agents) if now - self.last_call.get(a, self.started) > for_s]
+            return [a for a in range(self.agents)
+                    if a not in self.left and now - self.last_call.get(a, self.started) > for_s]
+
+    def ask_to_leave(self, agents) -> None:
+        """The next answer to each of ``agents`` asks it to leave (after one last exchange: its hand-in)."""
+        with self.cond:
+            self.leaving.update(agents)
 
     def close(self) -> None:
         self.server.close()

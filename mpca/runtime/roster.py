@@ -32,6 +32,7 @@ class AgentRoster:
         self.joining: Set[int] = set()  # replacements (Spark retried their task) waiting for the joint model
         self.pids: Dict[int, int] = {}  # the process of each agent; another process answering is a replacement
         self.not_started: Set[int] = set()  # an elastic run's agents whose task has not had room yet
+        self.left: Set[int] = set()  # agents that left the run (decommissioned executors)
         self._short_since: Optional[float] = None  # since when fewer than min_agents answer
         self._durations: collections.deque = collections.deque(maxlen=20)
         self._counted: Dict[int, collections.deque] = {a: collections.deque(maxlen=64) for a in self.agents}
@@ -64,6 +65,15 @@ class AgentRoster:
     def missing_from(self, answered: Dict[int, object]) -> list:
         """Agents expected to answer but not in ``answered``, leaving out those counted absent."""
         return [a for a in self.agents if a not in answered and a not in self.absent]
+
+    def remove(self, agents: Iterable[int]) -> None:
+        """Agents that left: no longer expected, waited for, or counted."""
+        for a in agents:
+            self.absent.pop(a, None)
+            self.joining.discard(a)
+            self.left.add(a)
+            if a in self.agents:
+                self.agents.remove(a)
 
     def joined(self, agents: Iterable[int], pids: Dict[int, int]) -> None:
         """Replacements that received the joint model: they contribute from their next yield on."""

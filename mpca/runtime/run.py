@@ -79,6 +79,7 @@ class AgentRun:
         self._train_df = train_df
         self.stopped: Dict[int, AgentReport] = {}
         self.agent_info: Dict[int, AgentReport] = {}
+        self._decommission_checked = 0.0
 
     def __enter__(self) -> "AgentRun":
         t0 = time.time()
@@ -105,7 +106,40 @@ class AgentRun:
             raise RunFailedError(f"the agents' Spark job ended unexpectedly: {self.job.failure()}")
         if self.pipeline.roster.absent:  # executors come and go: the exchange tasks must reach new ones too
             self.pipeline.jobs.executors = max(1, cluster.executor_count(self.sc))
-        return self.pipeline.cycle(c)
+        rec = self.pipeline.cycle(c)
+        self._decommissioned(rec)
+        return rec
+
+    def _decommissioned(self, rec) -> None:
+        """Agents of an agent-initiated algorithm on executors being decommissioned leave gracefully: the
+        service's next answer asks each to leave, it hands in its last exchange and says so, and the run goes on
+        without waiting for it.  (A decommissioning executor runs no new task, so the driver-initiated
+        algorithms cannot collect from or stop its agent: it is handled as lost, and ddp re-forms without it.)"""
+        if self.service is None:
+            return
+        roster = self.pipeline.roster
+        if time.time() - self._decommission_checked >= 1.0:
+            self._decommission_checked = time.time()
+            executors = {a: r.executor for a, r in self.pipeline.last_agent_reports.items()
+                         if a in roster.agents and a not in self.service.leaving and r.executor}
+            decommissioning = cluster.decommissioning(self.sc, set(executors.values()))
+            going = sorted(a for a, e in executors.items() if e in decommissioning)
+            if going:
+                log.warning("agents %s: their executors are being decommissioned; they leave after one last exchange",
+                            going)
+                self.service.ask_to_leave(going)
+        done = sorted(a for a in self.service.left if a in roster.agents)
+        if done:
+            roster.remove(done)
+            rec.left = done
+            log.warning("agents %s left the run (%d agents go on)", done, len(roster.agents))
+
+    def membership(self) -> Tuple[int, int]:
+        """(agents present, agents the run has now): not counting those missing from the latest cycle, nor
+        those that left."""
+        roster = self.pipeline.roster
+        latest = self.timeline.cycles[-1].missing if self.timeline.cycles else []
+        return len(roster.agents) - len([a for a in latest if a in roster.agents]), len(roster.agents)
 
     def agent_status(self) -> Dict[int, AgentReport]:
         """Steps and samples of every agent right now (a light control job, no shard moves)."""

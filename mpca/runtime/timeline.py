@@ -55,6 +55,7 @@ class CycleRecord:
     misplaced: int = 0
     missing: List[int] = field(default_factory=list)  # agents that did not contribute (hung, lost, joining)
     joined: List[int] = field(default_factory=list)  # replacement agents handed the joint model after it
+    left: List[int] = field(default_factory=list)  # agents that left the run after it (decommissioned executors)
     agents: Dict[int, AgentReport] = field(default_factory=dict)  # reduce tasks' reports (contributions)
     delivered: Dict[int, AgentReport] = field(default_factory=dict)  # deliver tasks' reports (broadcast hand-offs)
 
@@ -121,7 +122,7 @@ def _row(c: CycleRecord) -> dict:
         "reduce_start": c.reduce_start, "overlap": c.broadcast_overlaps_reduce(),
         "rejected": c.rejected, "resets": sum(e.resets for e in c.agents.values()), "bytes_up": c.bytes_up,
         "bytes_down": c.bytes_down, "corrections": c.corrections, "misplaced": c.misplaced,
-        "missing": list(c.missing), "joined": list(c.joined),
+        "missing": list(c.missing), "joined": list(c.joined), "left": list(c.left),
         "weight": {a: e.weight for a, e in sorted(c.agents.items())},
         "steps_per_s": {a: e.steps_per_s for a, e in sorted(c.agents.items())},
     }

@@ -127,6 +127,16 @@ def test_an_elastic_runs_later_agents_are_absent_until_they_come_then_join():
     assert p.not_started == {1} and set(p.absent) == {1} and p.joining == {2} and rec.missing == [1, 2]
 
 
+def test_agents_that_left_are_no_longer_expected():
+    p = AgentRoster([0, 1, 2], min_agents=1)
+    p.track(CycleRecord(0, 0, None, t_submit=0.0), _answered(0))
+    p.remove([1, 2])
+    assert p.agents == [0] and p.left == {1, 2} and not p.absent
+    rec = CycleRecord(3, 0, None, t_submit=0.0)
+    p.track(rec, _answered(0))
+    assert rec.missing == [] and not p.absent  # no wait for those that left
+
+
 def test_an_executor_error_is_reduced_to_its_python_exception_line():
     from mpca.runtime.agent_job import executor_cause
 

@@ -222,3 +222,31 @@ def test_a_replacement_fetches_the_servers_current_model_and_the_next_observatio
         assert svc.observe(0.05)[1] == []
     finally:
         svc.close()
+
+
+def test_an_agent_asked_to_leave_is_told_in_its_next_answer_and_is_not_missing_once_it_left():
+    """Decommissioning: the service's next answer to the agent carries ``leave``; the agent's client wrapper
+    (LeaveOnRequest) calls back once; the agent's ``op: leave`` marks it left, and it is no longer silent."""
+    import torch
+
+    from mpca.algorithm.easgd import EASGDDriver
+    from mpca.algorithm.wire import Codec
+    from mpca.runtime.agent import LeaveOnRequest
+    from mpca.runtime.driver_service import DriverService
+
+    rule = EASGDDriver([torch.zeros(4)], agents=2, alpha=0.5)
+    svc = DriverService(rule, SECRET, Codec(), MAX_PAYLOAD, "127.0.0.1", 0, agents=2)
+    asked = []
+    try:
+        host, port = svc.address
+        with ServiceClient(host, port, SECRET, max_payload=MAX_PAYLOAD, timeout_s=5.0) as raw:
+            client = LeaveOnRequest(raw, lambda: asked.append(1))
+            x = np.ones(4, np.float32).tobytes()
+            assert not client.request({"op": "easgd", "agent": 1, "n": 4}, x)[0].get("leave")
+            svc.ask_to_leave([1])
+            assert client.request({"op": "easgd", "agent": 1, "n": 4}, x)[0]["leave"] and asked == [1]
+            assert sorted(svc.silent(0.0)) == [0, 1]  # both silent for 0 s, neither left yet
+            client.request({"op": "leave", "agent": 1})
+        assert svc.left == {1} and svc.silent(0.0) == [0] and asked == [1]
+    finally:
+        svc.close()
