@@ -5,6 +5,7 @@ at the base config's ``max_virtual_s``, the horizon).  A cell the algorithm refu
 ``rudra-softsync`` with n > K) is kept with the reason instead of a time, and so is a run that failed."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -12,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from mpca.algorithm.base import Algorithm
 from mpca.sim.simulator import SimConfig, Simulator
+from mpca.sim.workload import TeacherWorkload
 
 
 @dataclass
@@ -60,10 +62,23 @@ def mean_metric(history, name: str, weight: str) -> Optional[float]:
     return sum(v * w for v, w in pairs) / total if total else None
 
 
-def run_cell(base: SimConfig, algorithm: Algorithm, agents: int, seeds: Sequence[int]) -> GridRow:
-    """One algorithm at K = ``agents``: every seed's simulation towards ``base.targets``' smallest target."""
+def split_rows(work: TeacherWorkload, agents: int, rows_total: int) -> TeacherWorkload:
+    """One data set of ``rows_total`` rows split evenly among the agents (as Spark partitions a table: K agents
+    see 1/K of it each), the holdout after it, the same for every K."""
+    if rows_total < agents:
+        raise ValueError(f"{rows_total} rows cannot be split among {agents} agents")
+    return dataclasses.replace(work, rows_per_agent=rows_total // agents, holdout_at=rows_total)
+
+
+def run_cell(base: SimConfig, algorithm: Algorithm, agents: int, seeds: Sequence[int],
+             rows_total: Optional[int] = None) -> GridRow:
+    """One algorithm at K = ``agents``: every seed's simulation towards ``base.targets``' smallest target;
+    with ``rows_total``, the base workload's rows split among the agents (:func:`split_rows`)."""
     row = GridRow(algorithm.name, agents, algorithm.model_dump(mode="json", exclude={"name"}))
-    cfg = base.model_copy(update={"algorithm": algorithm, "agents": agents})
+    update = {"algorithm": algorithm, "agents": agents}
+    if rows_total is not None:
+        update["workload"] = split_rows(base.workload, agents, rows_total)
+    cfg = base.model_copy(update=update)
     target = min(base.targets) if base.targets else None
     results = []
     for seed in seeds:
@@ -92,16 +107,16 @@ def run_cell(base: SimConfig, algorithm: Algorithm, agents: int, seeds: Sequence
 
 
 def run_grid(base: SimConfig, algorithms: Sequence[Algorithm], agents: Sequence[int], seeds: Sequence[int] = (0,),
-             progress: Optional[Callable[[GridRow], None]] = None) -> List[GridRow]:
+             progress: Optional[Callable[[GridRow], None]] = None, rows_total: Optional[int] = None) -> List[GridRow]:
     """Every algorithm at every K (algorithms outer, K inner), in that order."""
     rows = []
     for algorithm in algorithms:
         for k in agents:
-            row = run_cell(base, algorithm, k, seeds)
+            row = run_cell(base, algorithm, k, seeds, rows_total)
             rows.append(row)
             if progress is not None:
                 progress(row)
     return rows
 
 
-__all__ = ["GridRow", "crossing_time", "mean_metric", "run_cell", "run_grid"]
+__all__ = ["GridRow", "crossing_time", "mean_metric", "run_cell", "run_grid", "split_rows"]

@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speeds", default="", help="stragglers, e.g. 1:0.5 (agent 1 at half speed)")
     p.add_argument("--reduction", type=float, default=0.4, help="target: holdout error falls to this fraction "
                    "of its start")
+    p.add_argument("--target-error", type=float, default=None, help="target: this holdout error of the proxy "
+                   "(instead of --reduction)")
     p.add_argument("--tolerance", type=float, default=0.1, help="recommend the fewest agents within this "
                    "fraction of the fastest prediction")
     p.add_argument("--seeds", type=int, default=2, help="simulations per cell (times averaged)")
@@ -61,13 +63,13 @@ def config_from(args) -> tuple:
             n, what = args.parameters, f"--parameters {args.parameters:,} (measured as the teacher MLP 64-{h}-{h}-10)"
         if args.measure:
             step = measure_step_s(model, _ints(args.input_shape, "--input-shape") or None, args.batch_size)
-            how = f"measured on this host (median of 5 steps, batch {args.batch_size})"
+            how = f"measured on this host: the fastest of 10 steps at batch {args.batch_size}"
         else:
             step, how = args.step_s, "given"
         cfg = PlanConfig(parameters=n, step_s=step, link_bps=parse_rate(args.link, "plan"), agents=_ints(args.agents, "--agents"),
                          algorithms=tuple(a.strip() for a in args.algorithms.split(",") if a.strip()),
                          settings=parse_overrides(args.overrides), wire=args.wire, batch_size=args.batch_size,
-                         speeds=parse_speeds(args.speeds), reduction=args.reduction, tolerance=args.tolerance,
+                         speeds=parse_speeds(args.speeds), reduction=args.reduction, target_error=args.target_error, tolerance=args.tolerance,
                          seeds=args.seeds, proxy_hidden=_ints(args.proxy_hidden, "--proxy-hidden"))
     except ValidationError as e:
         first = e.errors()[0]

@@ -85,7 +85,7 @@ def rule_by_hand(rows, tolerance):
 
 def test_a_short_plan_recommends_what_its_own_times_say(tmp_path):
     cfg = PlanConfig(parameters=200_000, step_s=0.05, link_bps=1e10, agents=(1, 4), algorithms=("single", "ddp"),
-                     proxy_hidden=(16,), rows_per_agent=256, holdout=128,
+                     proxy_hidden=(16,), rows=1024, holdout=128,
                      reduction=0.7, seeds=1, evals=30, tolerance=4.0)
     res = plan(cfg)
     ran = [r for r in res.rows if not r.skipped]
@@ -139,3 +139,17 @@ def test_the_command_measures_an_imported_model_and_prints_a_prediction_with_its
     data = json.loads(out.read_text())
     assert data["config"]["parameters"] == 64 * 256 + 256 + 256 * 256 + 256 + 2570
     assert math.isfinite(data["reference_s"]) and data["rows"]
+
+
+def test_one_data_set_is_split_among_the_agents_with_one_holdout_for_every_k():
+    from mpca.sim.grid import split_rows
+    from mpca.sim.workload import TeacherWorkload
+
+    w = split_rows(TeacherWorkload(hidden=(4,), holdout=10), 4, 1000)
+    assert w.rows_per_agent == 250 and w.holdout_at == 1000
+    assert split_rows(w, 3, 1000).rows_per_agent == 333
+    x1, _ = split_rows(w, 1, 1000).holdout_rows(1)
+    x4, _ = w.holdout_rows(4)
+    assert torch.equal(x1, x4)  # the same holdout rows whatever K
+    with pytest.raises(ValueError):
+        split_rows(w, 8, 4)
