@@ -173,11 +173,11 @@ def _plan(cfg: PlanConfig, progress: Optional[Callable[[GridRow], None]]) -> Pla
     scale = codec.nbytes(cfg.parameters) / codec.nbytes(proxy_n)
     net = scaled_for_bytes(cfg.network(), scale)
     compute = ComputeModel(step_s=cfg.step_s, speeds=dict(cfg.speeds))
-    ref = simulate(SimConfig(algorithm="single", agents=1, wire=cfg.wire, network=net, compute=compute,
-                             workload=work, batch_size=cfg.batch_size, eval_every_s=5 * cfg.step_s,
-                             max_virtual_s=cfg.reference_steps * cfg.step_s))
-    start = ref.history[0].holdout_error
+    one = SimConfig(algorithm="single", agents=1, wire=cfg.wire, network=net, compute=compute, workload=work,
+                    batch_size=cfg.batch_size, eval_every_s=5 * cfg.step_s, max_virtual_s=cfg.step_s / 2)
+    start = simulate(one).history[0].holdout_error  # the untrained model (after the first step's hooks, as every run)
     target = cfg.target_error if cfg.target_error is not None else cfg.reduction * start
+    ref = simulate(one.model_copy(update={"max_virtual_s": cfg.reference_steps * cfg.step_s, "targets": (target,)}))
     t1 = crossing_time(ref.history, target)
     if t1 is None:
         raise ValueError(f"one agent did not bring the proxy's holdout error from {start:.3f} to {target:.3f} "
