@@ -1,5 +1,5 @@
-"""Time to one target error for every algorithm × K: the simulations behind ``mpca plan`` and the K-scaling
-study (``lab/scaling.py``).  Each cell is one :func:`~mpca.sim.simulator.simulate` per seed of a base
+"""Time to one target error for one algorithm at one K (a cell of ``mpca plan``'s grid and of the K-scaling
+study, ``lab/scaling.py``).  Each cell is one simulation per seed of a base
 :class:`~mpca.sim.simulator.SimConfig` with the algorithm, K and seed replaced; a run stops at the target (or
 at the base config's ``max_virtual_s``, the horizon).  A cell the algorithm refuses (``single`` with K > 1,
 ``rudra-softsync`` with n > K) is kept with the reason instead of a time, and so is a run that failed."""
@@ -9,7 +9,7 @@ import dataclasses
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from mpca.algorithm.base import Algorithm
 from mpca.sim.simulator import SimConfig, Simulator
@@ -106,17 +106,4 @@ def run_cell(base: SimConfig, algorithm: Algorithm, agents: int, seeds: Sequence
     return row
 
 
-def run_grid(base: SimConfig, algorithms: Sequence[Algorithm], agents: Sequence[int], seeds: Sequence[int] = (0,),
-             progress: Optional[Callable[[GridRow], None]] = None, rows_total: Optional[int] = None) -> List[GridRow]:
-    """Every algorithm at every K (algorithms outer, K inner), in that order."""
-    rows = []
-    for algorithm in algorithms:
-        for k in agents:
-            row = run_cell(base, algorithm, k, seeds, rows_total)
-            rows.append(row)
-            if progress is not None:
-                progress(row)
-    return rows
-
-
-__all__ = ["GridRow", "crossing_time", "mean_metric", "run_cell", "run_grid", "split_rows"]
+__all__ = ["GridRow", "crossing_time", "mean_metric", "run_cell", "split_rows"]

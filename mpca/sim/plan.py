@@ -11,7 +11,8 @@ algorithm needs to reach the target is the proxy's, not the user's model's.
 
 The target: the holdout error falls to ``reduction`` × its start (the untrained proxy's error on a holdout shared
 by every run), or to ``target_error``.  A reference run of one agent alone (algorithm ``single``) finds its time t₁; every cell of the
-grid (algorithm × K) runs until the target or until ``horizon`` × t₁ (slower than that: "not within").
+grid (algorithm × K) runs until the target or until ``horizon`` × t₁ (slower than that: "not within"); with
+``single`` in the list, K = 1 is its row alone (the other algorithms start at K = 2).
 
 The recommendation (:func:`recommend`): among the cells that reached the target, those within ``tolerance`` of
 the fastest prediction; of them the one with the fewest agents (then the faster, then the earlier in the
@@ -22,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 import torch
 import yaml
@@ -34,13 +35,14 @@ from mpca.algorithm.sharding import ShardLayout
 from mpca.algorithm.wire import DEFAULT_BLOCK, Codec, WireFormat
 from mpca.sim.compute import ComputeModel
 from mpca.sim.constants import NetworkConstants
-from mpca.sim.grid import GridRow, crossing_time, run_grid, split_rows
-from mpca.sim.network import scaled_for_bytes
+from mpca.sim.grid import GridRow, crossing_time, run_cell, split_rows
+from mpca.sim.network import cycle_time, scaled_for_bytes
 from mpca.sim.simulator import REFUSED, SimConfig, simulate
 from mpca.sim.workload import TeacherWorkload
 
 DEFAULT_ALGORITHMS = ("single", "mpca", "sync", "diloco", "easgd", "ddp")
-KEY_SETTINGS = ("every", "shards", "n")  # shown in the table's settings column when the algorithm has them
+KEY_SETTINGS = ("every", "shards", "n")
+PERIODIC = ("sync", "diloco", "easgd")  # algorithms with a period ``every``  # shown in the table's settings column when the algorithm has them
 
 NOT_MODELLED = (
     "CPU contention: the exchange's encoding, Spark's JVMs and the agents sharing a host's cores (on a small "
@@ -79,6 +81,9 @@ class PlanConfig(BaseModel):
     holdout: int = Field(1000, ge=50)
     reference_steps: int = Field(3000, ge=10, description="one agent's step budget to reach the target")
     seeds: int = Field(2, ge=1, le=10)
+    periods: Literal["rule-of-five", "defaults"] = Field(
+        "rule-of-five", description="sync's, DiLoCo's and EASGD's period where the user set none: H = 5 r at each "
+                                    "K (SparkNet's 1:5 rule, the paper's §3.1.2), or the library's defaults")
 
     @field_validator("agents")
     @classmethod
@@ -139,6 +144,28 @@ class PlanResult:
         return out
 
 
+def exchange_ratio(cfg: PlanConfig, agents: int) -> float:
+    """r: one exchange of the whole model (a cycle that reduces and broadcasts all of it,
+    :func:`~mpca.sim.network.cycle_time`, on the user's link with the user's bytes) in training steps."""
+    nbytes = Codec(cfg.wire, DEFAULT_BLOCK, "float32").nbytes(cfg.parameters)
+    return cycle_time(agents, nbytes, nbytes, cfg.network()) / cfg.step_s
+
+
+def user_set(settings: Dict[str, Any], name: str, key: str) -> bool:
+    own = settings.get(name)
+    return key in settings or (isinstance(own, dict) and key in own)
+
+
+def algorithm_at(cfg: PlanConfig, name: str, agents: int) -> Algorithm:
+    """Algorithm ``name`` with the user's settings; a periodic one (sync, DiLoCo, EASGD) without a period of
+    the user's gets H = max(1, round(5 r)) at this K (``periods = "rule-of-five"``: communication a fifth of
+    the computation between two exchanges, the rule :mod:`mpca.bench.tuning` centres its grid on)."""
+    settings = {**cfg.settings, "name": name}
+    if cfg.periods == "rule-of-five" and name in PERIODIC and not user_set(cfg.settings, name, "every"):
+        settings["every"] = max(1, round(5 * exchange_ratio(cfg, agents)))
+    return build_algorithm(settings)
+
+
 def recommend(rows: List[GridRow], tolerance: float) -> Optional[GridRow]:
     """The fewest agents within ``tolerance`` of the fastest predicted time (then the faster, then the first
     listed); None when no cell reached the target."""
@@ -177,16 +204,28 @@ def _plan(cfg: PlanConfig, progress: Optional[Callable[[GridRow], None]]) -> Pla
                     batch_size=cfg.batch_size, eval_every_s=5 * cfg.step_s, max_virtual_s=cfg.step_s / 2)
     start = simulate(one).history[0].holdout_error  # the untrained model (after the first step's hooks, as every run)
     target = cfg.target_error if cfg.target_error is not None else cfg.reduction * start
-    ref = simulate(one.model_copy(update={"max_virtual_s": cfg.reference_steps * cfg.step_s, "targets": (target,)}))
-    t1 = crossing_time(ref.history, target)
-    if t1 is None:
+    ref = run_cell(one.model_copy(update={"max_virtual_s": cfg.reference_steps * cfg.step_s, "targets": (target,)}),
+                   build_algorithm("single"), 1, range(cfg.seeds), rows_total=cfg.rows)
+    if ref.time_s is None:
         raise ValueError(f"one agent did not bring the proxy's holdout error from {start:.3f} to {target:.3f} "
                          f"in {cfg.reference_steps} steps: aim higher (--reduction 0.6, or a larger --target-error)")
+    t1 = ref.time_s
     horizon = cfg.horizon * t1
     base = SimConfig(agents=1, wire=cfg.wire, network=net, compute=compute, workload=work,
                      batch_size=cfg.batch_size, max_virtual_s=horizon, eval_every_s=horizon / cfg.evals,
                      targets=(target,))
-    rows = run_grid(base, cfg.built(), cfg.agents, range(cfg.seeds), progress, rows_total=cfg.rows)
+    rows = []
+    for name in cfg.algorithms:
+        for k in cfg.agents:
+            if name == "single" and k == 1:
+                row = ref
+            elif k == 1 and "single" in cfg.algorithms:
+                row = GridRow(name, k, {}, skipped="one agent is single's row")
+            else:
+                row = run_cell(base, algorithm_at(cfg, name, k), k, range(cfg.seeds), rows_total=cfg.rows)
+            rows.append(row)
+            if progress is not None:
+                progress(row)
     return PlanResult(config=cfg, proxy_parameters=proxy_n, byte_scale=scale, start_error=start,
                       target_error=target, reference_s=t1, horizon_s=horizon, eval_every_s=horizon / cfg.evals,
                       rows=rows, recommended=recommend(rows, cfg.tolerance), wall_s=time.perf_counter() - wall)
@@ -254,11 +293,15 @@ def assumptions(res: PlanResult) -> List[str]:
         f"({res.target_error / res.start_error:.2g} of its start); "
         f"one agent alone: {res.reference_s:.1f} s; each run at most {res.horizon_s:.1f} s (x{cfg.horizon:g}); "
         f"evaluated every {res.eval_every_s:.2g} s, the crossing interpolated; mean of {cfg.seeds} seed(s)",
+        ("periods (sync, diloco, easgd; unless you set them): H = 5 r at each K, r = one whole-model exchange "
+         f"in steps (SparkNet's 1:5 rule): r = {exchange_ratio(cfg, min(cfg.agents)):.3g} at K = {min(cfg.agents)}, "
+         f"{exchange_ratio(cfg, max(cfg.agents)):.3g} at K = {max(cfg.agents)}") if cfg.periods == "rule-of-five"
+        else "periods: the library's defaults (sync 50, diloco 50, easgd 10) unless you set them",
         "recommended: the fewest agents within "
         f"{cfg.tolerance:.0%} of the fastest prediction",
         "not modelled: " + "; ".join(NOT_MODELLED),
     ]
 
 
-__all__ = ["DEFAULT_ALGORITHMS", "PlanConfig", "PlanResult", "assumptions", "plan", "recommend", "settings_label",
+__all__ = ["DEFAULT_ALGORITHMS", "PlanConfig", "PlanResult", "algorithm_at", "assumptions", "exchange_ratio", "plan", "recommend", "settings_label",
            "table", "yaml_snippet"]

@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(instead of --reduction)")
     p.add_argument("--tolerance", type=float, default=0.1, help="recommend the fewest agents within this "
                    "fraction of the fastest prediction")
+    p.add_argument("--periods", choices=["rule-of-five", "defaults"], default="rule-of-five",
+                   help="sync's, diloco's and easgd's period where you set none: H = 5 r at each K, or the defaults")
     p.add_argument("--seeds", type=int, default=2, help="simulations per cell (times averaged)")
     p.add_argument("--proxy-hidden", default="64,64", help="the gradient proxy's hidden widths")
     p.add_argument("--json", default=None, help="write the plan here as JSON")
@@ -70,7 +72,7 @@ def config_from(args) -> tuple:
                          algorithms=tuple(a.strip() for a in args.algorithms.split(",") if a.strip()),
                          settings=parse_overrides(args.overrides), wire=args.wire, batch_size=args.batch_size,
                          speeds=parse_speeds(args.speeds), reduction=args.reduction, target_error=args.target_error, tolerance=args.tolerance,
-                         seeds=args.seeds, proxy_hidden=_ints(args.proxy_hidden, "--proxy-hidden"))
+                         seeds=args.seeds, periods=args.periods, proxy_hidden=_ints(args.proxy_hidden, "--proxy-hidden"))
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "settings"

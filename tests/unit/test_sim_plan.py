@@ -89,7 +89,8 @@ def test_a_short_plan_recommends_what_its_own_times_say(tmp_path):
                      reduction=0.7, seeds=1, evals=30, tolerance=4.0)
     res = plan(cfg)
     ran = [r for r in res.rows if not r.skipped]
-    assert [(r.algorithm, r.agents) for r in ran] == [("single", 1), ("ddp", 1), ("ddp", 4)]
+    assert [(r.algorithm, r.agents) for r in ran] == [("single", 1), ("ddp", 4)]  # K = 1 is single's alone
+    assert res.speedup(ran[0]) == 1.0
     assert res.byte_scale == pytest.approx(200_000 / res.proxy_parameters)
     assert res.reference_s > 0 and res.target_error == pytest.approx(0.7 * res.start_error)
     hand = rule_by_hand(res.rows, cfg.tolerance)
@@ -104,7 +105,7 @@ def test_a_short_plan_recommends_what_its_own_times_say(tmp_path):
     assert len(marked) == 1 and marked[0].startswith(f"| {hand.algorithm} |") and f"| {hand.agents} |" in marked[0]
     snippet = yaml_snippet(res)
     assert f"agents: {hand.agents}" in snippet and f"name: {hand.algorithm}" in snippet
-    assert "not run: single at K = 4" in printed
+    assert "not run: single at K = 4" in printed and "not run: ddp at K = 1" in printed
 
 
 # --------------------------------------------------------------------------- the command line
@@ -153,3 +154,18 @@ def test_one_data_set_is_split_among_the_agents_with_one_holdout_for_every_k():
     assert torch.equal(x1, x4)  # the same holdout rows whatever K
     with pytest.raises(ValueError):
         split_rows(w, 8, 4)
+
+
+def test_periods_follow_the_rule_of_five_unless_the_user_set_them():
+    from mpca.sim.plan import algorithm_at, exchange_ratio
+
+    cfg = PlanConfig(parameters=1_250_000, step_s=0.3, link_bps=100e6, agents=(2,), algorithms=("sync", "mpca"))
+    # 5 MB at 100 Mbit: 0.4 s a copy.  K = 2: broadcast max(2 copies, B + 1 block) = 0.8 s + 2 × 0.5 ms, after the
+    # 0.25 s overhead → 1.051 s; reduce 0.25 + 2 × 0.4 + 0.5 ms = 1.0505 s; r = 1.051 / 0.3 = 3.503; H = round(17.52)
+    assert exchange_ratio(cfg, 2) == pytest.approx(1.051 / 0.3)
+    assert algorithm_at(cfg, "sync", 2).every == 18
+    assert algorithm_at(cfg, "diloco", 2).every == 18 and algorithm_at(cfg, "easgd", 2).every == 18
+    assert algorithm_at(cfg, "mpca", 2).shards == 3
+    own = cfg.model_copy(update={"settings": {"sync": {"every": 7}}})
+    assert algorithm_at(own, "sync", 2).every == 7 and algorithm_at(own, "diloco", 2).every == 18
+    assert algorithm_at(cfg.model_copy(update={"periods": "defaults"}), "sync", 2).every == 50
