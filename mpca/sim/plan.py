@@ -74,7 +74,7 @@ class PlanConfig(BaseModel):
     target_error: Optional[float] = Field(None, gt=0, lt=1, description="target: this holdout error (instead of "
                                           "reduction × the start)")
     tolerance: float = Field(0.1, ge=0, description="the recommendation's slack over the fastest prediction")
-    horizon: float = Field(3.0, gt=0, description="each run's virtual time at most, × one agent's time")
+    horizon: float = Field(2.0, gt=0, description="each run's virtual time at most, × one agent's time")
     evals: int = Field(120, ge=5, description="evaluations per horizon (the times' resolution)")
     proxy_hidden: Tuple[int, ...] = (64, 64)
     rows: int = Field(50_000, ge=64, description="the data set's rows, split evenly among the K agents")
@@ -258,9 +258,11 @@ def table(res: PlanResult) -> str:
     skipped: Dict[str, List[GridRow]] = {}
     for r in res.rows:
         if r.skipped:
-            skipped.setdefault(r.algorithm, []).append(r)
-    for name, rs in skipped.items():
-        lines.append(f"not run: {name} at K = {', '.join(str(r.agents) for r in rs)} ({rs[0].skipped})")
+            skipped.setdefault(r.skipped if r.agents == 1 else r.algorithm, []).append(r)
+    for rs in skipped.values():
+        names = ", ".join(dict.fromkeys(r.algorithm for r in rs))
+        ks = ", ".join(str(k) for k in dict.fromkeys(r.agents for r in rs))
+        lines.append(f"not run: {names} at K = {ks} ({rs[0].skipped})")
     return "\n".join(lines)
 
 

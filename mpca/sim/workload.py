@@ -15,6 +15,20 @@ from mpca.data.synthetic import TeacherTask
 from mpca.models import MLP, build_optimizer, cross_entropy
 
 
+@functools.lru_cache(maxsize=256)
+def _block(task: TeacherTask, b: int) -> Tuple[np.ndarray, np.ndarray]:
+    return TeacherTask.block(task, b)
+
+
+class CachedTeacherTask(TeacherTask):
+    """The teacher task with its generated blocks kept (at most 256 blocks of 4,096 rows, ~270 MB): the many
+    short simulations of ``mpca plan`` and the scaling study draw the same rows again and again, and
+    generating them (the teacher's labels) costs more than training the plan's proxy on them."""
+
+    def block(self, b: int) -> Tuple[np.ndarray, np.ndarray]:
+        return _block(self, b)
+
+
 @dataclass(frozen=True)
 class TeacherWorkload:
     """``rows_per_agent`` teacher rows per agent (agent a: rows [a·n, (a+1)·n)), ``holdout`` rows after every
@@ -50,7 +64,7 @@ class TeacherWorkload:
         return self.holdout_at
 
     def task(self, agents: int) -> TeacherTask:
-        return TeacherTask(rows=self.holdout_start(agents) + self.holdout, features=self.features,
+        return CachedTeacherTask(rows=self.holdout_start(agents) + self.holdout, features=self.features,
                            classes=self.classes, hidden=self.teacher_hidden, seed=self.seed)
 
     @property
