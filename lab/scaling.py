@@ -37,7 +37,8 @@ LINKS = ("100mbit", "1gbit", "10gbit")
 ALGORITHMS = ("single", "mpca", "sync", "diloco", "easgd", "ddp")
 
 
-def run(preset: str, links, algorithms, agents, horizon: float, seeds: int, settings: Dict) -> Dict:
+def run(preset: str, links, algorithms, agents, horizon: float, seeds: int, settings: Dict, path: str = "") -> Dict:
+    """Every link's plan grid; with ``path``, the JSON so far is written after each link."""
     p = PRESETS[preset]
     n = exchanged_values(MLP(64, p["hidden"], 10))
     out = {"preset": preset, "hidden": list(p["hidden"]), "parameters": n, "step_s": p["step_s"],
@@ -55,6 +56,9 @@ def run(preset: str, links, algorithms, agents, horizon: float, seeds: int, sett
 
         res = plan(cfg, progress)
         out["links"][link] = res.to_dict()
+        if path:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(out, f, indent=1)
     return out
 
 
@@ -131,16 +135,27 @@ def main(argv: List[str] = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--out", default="docs/scaling", help="writes OUT.json and OUT.png")
     ap.add_argument("--plot-only", action="store_true", help="redraw OUT.png and the table from OUT.json")
+    ap.add_argument("--merge", default="", help="with --plot-only: also take the links of these JSON files "
+                    "(comma-separated; runs of the same preset split over links), and write the whole to OUT.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.plot_only:
         with open(args.out + ".json", encoding="utf-8") as f:
             data = json.load(f)
+        for path in filter(None, args.merge.split(",")):
+            with open(path, encoding="utf-8") as f:
+                more = json.load(f)
+            data["links"].update(more["links"])
+            data["wall_s"] = data.get("wall_s", 0) + more.get("wall_s", 0)
+        if args.merge:
+            with open(args.out + ".json", "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1)
     else:
         wall = time.perf_counter()
         data = run(args.preset, [x for x in args.links.split(",") if x],
                    [a for a in args.algorithms.split(",") if a],
-                   [int(k) for k in args.agents.split(",") if k.strip()], args.horizon, args.seeds, {})
+                   [int(k) for k in args.agents.split(",") if k.strip()], args.horizon, args.seeds, {},
+                   args.out + ".json")
         data["wall_s"] = time.perf_counter() - wall
         with open(args.out + ".json", "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1)
