@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS))
     p.add_argument("--wire", default="fp32", help="fp32, bf16, int8 or int4")
     p.add_argument("--speeds", default="", help="stragglers, e.g. 1:0.5 (agent 1 at half speed)")
-    p.add_argument("--reduction", type=float, default=0.4, help="target: holdout error falls to this fraction "
+    p.add_argument("--reduction", type=float, default=0.3, help="target: holdout error falls to this fraction "
                    "of its start")
     p.add_argument("--target-error", type=float, default=None, help="target: this holdout error of the proxy "
                    "(instead of --reduction)")
@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--periods", choices=["rule-of-five", "defaults"], default="rule-of-five",
                    help="sync's, diloco's and easgd's period where you set none: H = 5 r at each K, or the defaults")
     p.add_argument("--seeds", type=int, default=2, help="simulations per cell (times averaged)")
-    p.add_argument("--proxy-hidden", default="64,64", help="the gradient proxy's hidden widths")
+    p.add_argument("--proxy-hidden", default="64,64", help="the gradient proxy's hidden widths, or 'sized': with "
+                   "--parameters, the teacher MLP of that size itself (slower; no proxy)")
     p.add_argument("--json", default=None, help="write the plan here as JSON")
     p.add_argument("overrides", nargs="*", help="algorithm settings as in mpca train: algorithm.sync.every=20")
 
@@ -49,6 +50,15 @@ def _ints(text: str, what: str) -> tuple:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise UserError(f"plan: {what} {text!r}: give integers separated by commas") from None
+
+
+def _proxy_hidden(args) -> tuple:
+    if args.proxy_hidden.strip() == "sized":
+        if not args.parameters:
+            raise UserError("plan: --proxy-hidden sized goes with --parameters (the teacher MLP of that size)")
+        h = teacher_hidden_for(args.parameters)
+        return (h, h)
+    return _ints(args.proxy_hidden, "--proxy-hidden")
 
 
 def config_from(args) -> tuple:
@@ -72,7 +82,7 @@ def config_from(args) -> tuple:
                          algorithms=tuple(a.strip() for a in args.algorithms.split(",") if a.strip()),
                          settings=parse_overrides(args.overrides), wire=args.wire, batch_size=args.batch_size,
                          speeds=parse_speeds(args.speeds), reduction=args.reduction, target_error=args.target_error, tolerance=args.tolerance,
-                         seeds=args.seeds, periods=args.periods, proxy_hidden=_ints(args.proxy_hidden, "--proxy-hidden"))
+                         seeds=args.seeds, periods=args.periods, proxy_hidden=_proxy_hidden(args))
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "settings"

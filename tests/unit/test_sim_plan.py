@@ -120,6 +120,7 @@ def test_a_short_plan_recommends_what_its_own_times_say(tmp_path):
     (["plan", "--parameters", "0", "--step-s", "0.1"], "--parameters must be >= 1"),
     (["plan", "--parameters", "1000", "--step-s", "0.1", "--agents", "1,x"], "--agents"),
     (["plan", "--parameters", "1000", "--step-s", "0.1", "algorithm.sync.every=0"], "every"),
+    (["plan", "--model", "mpca.models:MLP", "--step-s", "0.1", "--proxy-hidden", "sized"], "goes with --parameters"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(argv, says, capsys):
     assert main(argv) == 2
