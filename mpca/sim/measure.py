@@ -62,28 +62,36 @@ def input_shape_of(model: torch.nn.Module) -> Tuple[int, ...]:
 
 def measure_step_s(model: torch.nn.Module, input_shape: Optional[Sequence[int]], batch_size: int,
                    steps: int = 10, warmup: int = 2) -> float:
-    """The fastest of ``steps`` timed training steps on this host (the least disturbed by other processes): a
-    forward on a random batch of ``input_shape``, a backward of the output's mean square, an Adam step
-    (``warmup`` steps first)."""
+    """One training step's CPU seconds on one core of this host, the fastest of ``steps`` (``warmup`` first): a
+    forward on a random batch of ``input_shape``, a backward of the output's mean square, an Adam step.  On one
+    thread and in CPU time (``time.process_time``), so that other processes on a busy host do not count (with
+    two threads and a loaded host the wall time of a step came out 5-40x too long)."""
     shape = tuple(input_shape) if input_shape else input_shape_of(model)
     x = torch.randn((batch_size,) + shape)
     model.train()
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-6)
-    times = []
-    for i in range(warmup + steps):
-        t = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        try:
-            out = model(x)
-        except Exception as e:  # noqa: BLE001 - the user's model: any error is a wrong shape or a broken model
-            raise ValueError(f"the model's forward failed on a random batch of shape {tuple(x.shape)}: "
-                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__} (give --input-shape)") from None
-        out = out[0] if isinstance(out, (tuple, list)) else out
-        out.float().pow(2).mean().backward()
-        opt.step()
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
-    return min(times)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = [_one_step(model, opt, x) for _ in range(warmup + steps)]
+    finally:
+        torch.set_num_threads(threads)
+    return min(times[warmup:])
+
+
+def _one_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> float:
+    """CPU seconds of one forward, backward and optimizer step."""
+    t = time.process_time()
+    opt.zero_grad(set_to_none=True)
+    try:
+        out = model(x)
+    except Exception as e:  # noqa: BLE001 - the user's model: any error is a wrong shape or a broken model
+        raise ValueError(f"the model's forward failed on a random batch of shape {tuple(x.shape)}: "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__} (give --input-shape)") from None
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    out.float().pow(2).mean().backward()
+    opt.step()
+    return time.process_time() - t
 
 
 __all__ = ["exchanged_values", "input_shape_of", "load_model", "measure_step_s", "teacher_hidden_for",

@@ -21,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--parameters", type=int, help="your model's parameter count (the teacher MLP sized to it)")
     step = p.add_mutually_exclusive_group(required=True)
     step.add_argument("--step-s", type=float, help="device time of one training step (s)")
-    step.add_argument("--measure", action="store_true", help="time a few steps of the model on this host")
+    step.add_argument("--measure", action="store_true", help="time a few steps of the model on this host (CPU "
+                      "time on one core)")
     p.add_argument("--input-shape", default="", help="one sample's shape for --measure, e.g. 3,32,32 "
                    "(default: from the first Linear or Conv layer)")
     p.add_argument("--batch-size", type=int, default=64)
@@ -75,7 +76,7 @@ def config_from(args) -> tuple:
             n, what = args.parameters, f"--parameters {args.parameters:,} (measured as the teacher MLP 64-{h}-{h}-10)"
         if args.measure:
             step = measure_step_s(model, _ints(args.input_shape, "--input-shape") or None, args.batch_size)
-            how = f"measured on this host: the fastest of 10 steps at batch {args.batch_size}"
+            how = f"measured on this host: CPU time on one core, the fastest of 10 steps at batch {args.batch_size}"
         else:
             step, how = args.step_s, "given"
         cfg = PlanConfig(parameters=n, step_s=step, link_bps=parse_rate(args.link, "plan"), agents=_ints(args.agents, "--agents"),
