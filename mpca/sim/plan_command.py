@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "fraction of the fastest prediction")
     p.add_argument("--periods", choices=["rule-of-five", "defaults"], default="rule-of-five",
                    help="sync's, diloco's and easgd's period where you set none: H = 5 r at each K, or the defaults")
-    p.add_argument("--seeds", type=int, default=2, help="simulations per cell (times averaged)")
+    p.add_argument("--seeds", type=int, default=1, help="simulations per cell (times averaged; 2 or 3 for steadier "
+                   "times at 2-3x the wall time)")
     p.add_argument("--proxy-hidden", default="64,64", help="the gradient proxy's hidden widths, or 'sized': with "
                    "--parameters, the teacher MLP of that size itself (slower; no proxy)")
     p.add_argument("--json", default=None, help="write the plan here as JSON")
