@@ -1,5 +1,5 @@
 """Console entry point: ``mpca train --config conf/digits.yaml [key=value ...]``, ``mpca predict ...``,
-``mpca bench ...``, ``mpca data ...``, ``mpca simulate ...``.
+``mpca bench ...``, ``mpca data ...``, ``mpca simulate ...``, ``mpca plan ...``.
 
 Exit codes: 0 done (or target reached), 2 user error (one line, no traceback),
 3 the run failed, 4 stopped at a time/cycle/epoch limit without reaching the
@@ -76,6 +76,12 @@ def _simulate(args) -> int:
     return run(args)
 
 
+def _plan(args) -> int:
+    from mpca.sim.plan_command import run
+
+    return run(args)
+
+
 def _version() -> str:
     import importlib.metadata as md
 
@@ -133,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(s)
     s.set_defaults(func=_simulate)
+    pl = sub.add_parser("plan", help="which algorithm and how many agents for your model, step time and link: "
+                                     "predicted by short simulations", parents=[common])
+    from mpca.sim.plan_command import add_arguments as add_plan_arguments
+
+    add_plan_arguments(pl)
+    pl.set_defaults(func=_plan)
     return ap
 
 

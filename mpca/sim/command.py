@@ -16,8 +16,8 @@ from mpca.sim.workload import TeacherWorkload
 RATES = {"mbit": 1e6, "gbit": 1e9, "kbit": 1e3}
 
 
-def parse_rate(text: str) -> float:
-    """``100mbit``, ``1gbit``, ``inf`` or bits per second."""
+def parse_rate(text: str, command: str = "simulate") -> float:
+    """``100mbit``, ``1gbit``, ``inf`` or bits per second (a bad one: a UserError naming ``command``)."""
     t = text.strip().lower()
     if t in ("inf", "unlimited"):
         return math.inf
@@ -27,7 +27,7 @@ def parse_rate(text: str) -> float:
                 return float(t[: -len(unit)]) * scale
         return float(t)
     except ValueError:
-        raise UserError(f"simulate: --link {text!r}: give a rate such as 100mbit, 1gbit, 10gbit or inf") from None
+        raise UserError(f"{command}: --link {text!r}: give a rate such as 100mbit, 1gbit, 10gbit or inf") from None
 
 
 def parse_floats(text: str) -> List[float]:

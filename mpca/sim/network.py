@@ -15,6 +15,7 @@ requests) or leaves it (broadcast blocks, service answers) queues there, first i
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Iterable, List, Sequence
 
@@ -111,6 +112,17 @@ def ring_allreduce_time(agents: int, nbytes: float, net: NetworkConstants) -> fl
     if agents <= 1:
         return 0.0
     return 2 * (agents - 1) * wire_time(nbytes / agents, net)
+
+
+def scaled_for_bytes(net: NetworkConstants, scale: float) -> NetworkConstants:
+    """A network on which B bytes take as long as ``scale``·B bytes on ``net``: the rate and the broadcast
+    block divided by ``scale``, latency and overheads unchanged.  Every time above is a sum of
+    bytes·8/rate terms (bytes counted in whole blocks at most: min(block, B)) and byte-free terms, so a
+    simulation of a small model on the scaled network charges the wire time of a model ``scale`` times larger
+    (``mpca plan``'s proxy); the block is rounded to a whole byte."""
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number > 0, got {scale}")
+    return dataclasses.replace(net, link_bps=net.link_bps / scale, block_bytes=max(1, round(net.block_bytes / scale)))
 
 
 def cycle_time(agents: int, reduce_bytes: float, broadcast_bytes: float, net: NetworkConstants) -> float:

@@ -14,6 +14,7 @@ class HistoryRow:
     steps: int  # total agent steps so far
     holdout_error: float
     holdout_loss: float
+    metrics: Dict[str, float] = field(default_factory=dict)  # the driver rule's own figures since the last row
 
 
 @dataclass

@@ -25,7 +25,9 @@ optimizer step, so the replicas stay identical — with one step taking the slow
 the ring all-reduce's (:func:`~mpca.sim.network.ring_allreduce_time`); with a lossy wire format the
 gradients go through the runtime's own compression hook (:func:`mpca.algorithm.ring.ring_in_lock_step`:
 encoded chunks, per-rank error feedback, every replica the owner's decoded bytes).  The driver's joint model is evaluated on the
-holdout every ``eval_every_s`` virtual seconds, at no virtual cost (ddp: agent 0's replica).
+holdout every ``eval_every_s`` virtual seconds, at no virtual cost (ddp: agent 0's replica; single: the agent's
+own model, not the driver's snapshot of it), and each history
+row carries the driver rule's ``metrics()`` since the last one (e.g. Rudra's ⟨σ⟩), as the runtime's history.
 """
 from __future__ import annotations
 
@@ -222,7 +224,9 @@ class Simulator:
 
     # ------------------------------------------------------------------ evaluation
     def joint_vectors(self) -> List[torch.Tensor]:
-        if self.ddp:
+        if self.ddp or self.cfg.algorithm.name == "single":
+            # ddp: the replicas are identical; single: the agent's own model, not the driver's snapshot of it
+            # (taken once a cycle, up to a cycle late), so that one agent's time to a target is its own
             return [self.agents[0].shards.read(s) for s in range(self.layout.num_shards)]
         return self.rule.joint_vectors()
 
@@ -230,7 +234,8 @@ class Simulator:
         for s, v in enumerate(self.joint_vectors()):
             self.eval_bound.write(s, v)
         r = evaluate(self.eval_model, self.hx, self.hy, self.cfg.workload.loss_fn)
-        self.result.history.append(HistoryRow(t, sum(ag.steps for ag in self.agents), r.error, r.loss))
+        self.result.history.append(HistoryRow(t, sum(ag.steps for ag in self.agents), r.error, r.loss,
+                                              dict(self.rule.metrics())))
         if self.cfg.targets and r.error <= min(self.cfg.targets):
             self.done = True
         if again:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 import torch
@@ -15,10 +15,25 @@ from mpca.data.synthetic import TeacherTask
 from mpca.models import MLP, build_optimizer, cross_entropy
 
 
+@functools.lru_cache(maxsize=256)
+def _block(task: TeacherTask, b: int) -> Tuple[np.ndarray, np.ndarray]:
+    return TeacherTask.block(task, b)
+
+
+class CachedTeacherTask(TeacherTask):
+    """The teacher task with its generated blocks kept (at most 256 blocks of 4,096 rows, ~270 MB): the many
+    short simulations of ``mpca plan`` and the scaling study draw the same rows again and again, and
+    generating them (the teacher's labels) costs more than training the plan's proxy on them."""
+
+    def block(self, b: int) -> Tuple[np.ndarray, np.ndarray]:
+        return _block(self, b)
+
+
 @dataclass(frozen=True)
 class TeacherWorkload:
     """``rows_per_agent`` teacher rows per agent (agent a: rows [a·n, (a+1)·n)), ``holdout`` rows after every
-    agent's; an MLP with ``hidden`` widths; Adam or SGD at ``lr``."""
+    agent's — or from row ``holdout_at`` (at or after the last agent's rows), so that runs with different K
+    share one holdout; an MLP with ``hidden`` widths; Adam or SGD at ``lr``."""
 
     hidden: Tuple[int, ...] = (1024, 1024)
     features: int = 64
@@ -30,15 +45,26 @@ class TeacherWorkload:
     lr: float = 1e-3
     momentum: float = 0.0
     seed: int = 0
+    holdout_at: Optional[int] = None
 
     def __post_init__(self):
         if self.rows_per_agent < 1 or self.holdout < 1:
             raise ValueError("rows_per_agent and holdout must be >= 1")
+        if self.holdout_at is not None and self.holdout_at < 0:
+            raise ValueError(f"holdout_at must be >= 0, got {self.holdout_at}")
         if self.optimizer not in ("adam", "adamw", "sgd"):
             raise ValueError(f"optimizer must be adam, adamw or sgd, got {self.optimizer!r}")
 
+    def holdout_start(self, agents: int) -> int:
+        lo = agents * self.rows_per_agent
+        if self.holdout_at is None:
+            return lo
+        if self.holdout_at < lo:
+            raise ValueError(f"holdout_at = {self.holdout_at} overlaps the {agents} agents' rows (they end at {lo})")
+        return self.holdout_at
+
     def task(self, agents: int) -> TeacherTask:
-        return TeacherTask(rows=agents * self.rows_per_agent + self.holdout, features=self.features,
+        return CachedTeacherTask(rows=self.holdout_start(agents) + self.holdout, features=self.features,
                            classes=self.classes, hidden=self.teacher_hidden, seed=self.seed)
 
     @property
@@ -58,7 +84,7 @@ class TeacherWorkload:
         return self._rows(agents, np.arange(lo, lo + self.rows_per_agent))
 
     def holdout_rows(self, agents: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        lo = agents * self.rows_per_agent
+        lo = self.holdout_start(agents)
         return self._rows(agents, np.arange(lo, lo + self.holdout))
 
     def _rows(self, agents: int, ids: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -194,3 +194,28 @@ def test_the_simulator_imports_neither_spark_nor_the_runtime():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not [n for n in names if n.startswith(("pyspark", "mpca.runtime"))], path.name
+
+
+def test_history_rows_carry_the_driver_rules_metrics():
+    """rudra-async with 2 learners in lock step: the first push of each sees σ = 0, every later one was
+    computed on weights one update old (the other learner pushed in between): σ = 1 — the run's ⟨σ⟩ over its
+    U updates is (U − 2) / U, read back from the history rows as the runtime's history carries it."""
+    from mpca.sim.grid import mean_metric
+
+    sim = Simulator(config("rudra-async", 2, eval_every_s=3.0, max_virtual_s=10.0))
+    res = sim.run()
+    sigmas = [s for _, s, _ in sim.rule.history]
+    updates = len(sigmas)
+    assert sigmas[:2] == [0.0, 0.0] and set(sigmas[2:]) == {1.0} and updates == res.steps
+    assert sum(r.metrics.get("updates", 0) for r in res.history) == updates
+    assert mean_metric(res.history, "mean_staleness", "updates") == pytest.approx((updates - 2) / updates)
+
+
+def test_one_agent_is_evaluated_on_its_own_model_not_the_drivers_snapshot():
+    from mpca.evaluation import evaluate
+
+    sim = Simulator(config("single", 1, eval_every_s=1000.0, max_virtual_s=7.55, compute=ComputeModel(step_s=0.1)))
+    res = sim.run()
+    hx, hy = TINY.holdout_rows(1)
+    own = evaluate(sim.agents[0].model, hx, hy, TINY.loss_fn)
+    assert res.history[-1].holdout_error == pytest.approx(own.error) and res.history[-1].t == 7.55

@@ -1,0 +1,130 @@
+"""``mpca plan``: the command line of :mod:`mpca.sim.plan` — read the model, the step time and the link, run
+the grid, print the table, the recommendation as YAML for ``mpca train`` and the assumptions."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pydantic import ValidationError
+
+from mpca.errors import UserError
+from mpca.report import write_json
+from mpca.sim.command import parse_overrides, parse_rate, parse_speeds
+from mpca.sim.grid import GridRow
+from mpca.sim.measure import exchanged_values, load_model, measure_step_s, teacher_hidden_for, teacher_mlp_for
+from mpca.sim.plan import DEFAULT_ALGORITHMS, PlanConfig, assumptions, plan, table, yaml_snippet
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="package.module:factory returning your torch.nn.Module")
+    model.add_argument("--parameters", type=int, help="your model's parameter count (the teacher MLP sized to it)")
+    step = p.add_mutually_exclusive_group(required=True)
+    step.add_argument("--step-s", type=float, help="device time of one training step (s)")
+    step.add_argument("--measure", action="store_true", help="time a few steps of the model on this host (CPU "
+                      "time on one core)")
+    p.add_argument("--input-shape", default="", help="one sample's shape for --measure, e.g. 3,32,32 "
+                   "(default: from the first Linear or Conv layer)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--link", default="1gbit", help="every host's port: 100mbit, 1gbit, 10gbit")
+    p.add_argument("--agents", default="1,2,4,8,16", help="agent counts to try")
+    p.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS))
+    p.add_argument("--wire", default="fp32", help="fp32, bf16, int8 or int4")
+    p.add_argument("--speeds", default="", help="stragglers, e.g. 1:0.5 (agent 1 at half speed)")
+    p.add_argument("--reduction", type=float, default=0.3, help="target: holdout error falls to this fraction "
+                   "of its start")
+    p.add_argument("--target-error", type=float, default=None, help="target: this holdout error of the proxy "
+                   "(instead of --reduction)")
+    p.add_argument("--tolerance", type=float, default=0.1, help="recommend the fewest agents within this "
+                   "fraction of the fastest prediction")
+    p.add_argument("--periods", choices=["rule-of-five", "defaults"], default="rule-of-five",
+                   help="sync's, diloco's and easgd's period where you set none: H = 5 r at each K, or the defaults")
+    p.add_argument("--seeds", type=int, default=1, help="simulations per cell (times averaged; 2 or 3 for steadier "
+                   "times at 2-3x the wall time)")
+    p.add_argument("--proxy-hidden", default="64,64", help="the gradient proxy's hidden widths, or 'sized': with "
+                   "--parameters, the teacher MLP of that size itself (slower; no proxy)")
+    p.add_argument("--json", default=None, help="write the plan here as JSON")
+    p.add_argument("overrides", nargs="*", help="algorithm settings as in mpca train: algorithm.sync.every=20")
+
+
+def _ints(text: str, what: str) -> tuple:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"plan: {what} {text!r}: give integers separated by commas") from None
+
+
+def _proxy_hidden(args) -> tuple:
+    if args.proxy_hidden.strip() == "sized":
+        if not args.parameters:
+            raise UserError("plan: --proxy-hidden sized goes with --parameters (the teacher MLP of that size)")
+        h = teacher_hidden_for(args.parameters)
+        return (h, h)
+    return _ints(args.proxy_hidden, "--proxy-hidden")
+
+
+def config_from(args) -> tuple:
+    """(PlanConfig, a line describing the model and its step time); every mistake as one UserError line."""
+    try:
+        if args.model:
+            model = load_model(args.model)
+            n, what = exchanged_values(model), f"{args.model}"
+        else:
+            if args.parameters < 1:
+                raise ValueError(f"--parameters must be >= 1, got {args.parameters}")
+            model = teacher_mlp_for(args.parameters) if args.measure else None
+            h = teacher_hidden_for(args.parameters)
+            n, what = args.parameters, f"--parameters {args.parameters:,} (measured as the teacher MLP 64-{h}-{h}-10)"
+        if args.measure:
+            step = measure_step_s(model, _ints(args.input_shape, "--input-shape") or None, args.batch_size)
+            how = f"measured on this host: CPU time on one core, the fastest of 10 steps at batch {args.batch_size}"
+        else:
+            step, how = args.step_s, "given"
+        cfg = PlanConfig(parameters=n, step_s=step, link_bps=parse_rate(args.link, "plan"), agents=_ints(args.agents, "--agents"),
+                         algorithms=tuple(a.strip() for a in args.algorithms.split(",") if a.strip()),
+                         settings=parse_overrides(args.overrides), wire=args.wire, batch_size=args.batch_size,
+                         speeds=parse_speeds(args.speeds), reduction=args.reduction, target_error=args.target_error, tolerance=args.tolerance,
+                         seeds=args.seeds, periods=args.periods, proxy_hidden=_proxy_hidden(args))
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "settings"
+        raise UserError(f"plan: {where}: {first['msg']}") from None
+    except UserError:
+        raise
+    except ValueError as e:
+        raise UserError(f"plan: {str(e).splitlines()[0]}") from None
+    return cfg, f"model: {what}, {n:,} values exchanged; step {step * 1e3:.3g} ms ({how})"
+
+
+def run(args) -> int:
+    cfg, model_line = config_from(args)
+    print("mpca plan: a PREDICTION from short simulations (mpca/sim), not a measurement")
+    print(model_line, flush=True)
+    quiet = getattr(args, "quiet", False)
+
+    def progress(row: GridRow) -> None:
+        if not quiet:
+            t = "—" if row.time_s is None else f"{row.time_s:.1f} s"
+            print(f"  {row.algorithm} K={row.agents}: {t}{' (' + (row.skipped or row.failed) + ')' if row.skipped or row.failed else ''}",
+                  file=sys.stderr, flush=True)
+
+    try:
+        res = plan(cfg, progress)
+    except ValueError as e:
+        raise UserError(f"plan: {str(e).splitlines()[0]}") from None
+    print(table(res))
+    if res.recommended is None:
+        print(f"recommended: none — no algorithm reached the target within {res.horizon_s:.1f} s; train one agent "
+              "(algorithm single) or raise --reduction")
+    else:
+        r = res.recommended
+        print(f"recommended: {r.algorithm} with K = {r.agents}: {r.time_s:.1f} s predicted to the target "
+              f"({res.speedup(r):.2f}x one agent). For mpca train:")
+        print(yaml_snippet(res))
+    print("assumptions:")
+    for line in assumptions(res):
+        print(f"- {line}")
+    print(f"planned in {res.wall_s:.1f} s of wall time ({len(res.rows)} cells)")
+    if args.json:
+        print(f"wrote {write_json(args.json, res.to_dict())}")
+    return 0
