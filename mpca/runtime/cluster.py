@@ -174,6 +174,17 @@ def executor_count(sc) -> int:
     return max(0, sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
 
 
+def refuse_dynamic_allocation(conf) -> None:
+    """One line instead of Spark's own error when ``spark.dynamicAllocation.enabled`` is on: under dynamic
+    allocation Spark runs a stage's tasks only on executors of that stage's resource profile, so the agents (their
+    own profile) and the exchange tasks that must reach them on their executors cannot meet."""
+    if str(conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+        raise UserError("mpca needs spark.dynamicAllocation.enabled=false (the agents' exchange tasks must run on "
+                        "the agents' own executors, which stage-level scheduling under dynamic allocation does not "
+                        "allow); an elastic run (training.agents: MIN-MAX) still takes the executors the cluster adds "
+                        "or replaces — a standalone worker joining, a node added by the cluster's autoscaler")
+
+
 def decommissioning(sc, executors) -> set:
     """Which of ``executors`` (ids) Spark's scheduler knows to be decommissioning (``spark.decommission.enabled``:
     a worker or node going away, a spot instance's notice, dynamic allocation scaling down)."""
@@ -239,6 +250,7 @@ def agents_fit(sc, settings) -> Tuple[ClusterShape, bool]:
     use GPUs, after checking that it can host the agents the run starts with (``training.agents``, or MIN of an
     elastic range: the others wait for Spark to find them room) — one line otherwise."""
     training = settings.training
+    refuse_dynamic_allocation(sc.getConf())
     shape = inspect_cluster(sc, training.start_agents, settings.cluster.executor_wait_s)
     use_gpus = training.use_gpus if training.use_gpus is not None else shape.gpus_per_executor > 0
     if use_gpus and shape.gpus_per_executor == 0:

@@ -130,9 +130,7 @@ def test_an_agent_joins_when_a_worker_is_added_to_the_running_cluster(cluster, a
     assert fit.final.error < 0.15
 
 
-@pytest.mark.parametrize("algorithm", [{"name": "easgd", "every": 5}, {"name": "downpour", "every": 5}],
-                         ids=["easgd", "downpour"])
-def test_an_agent_on_a_decommissioned_worker_hands_in_its_last_exchange_and_leaves(cluster, algorithm):
+def test_an_agent_on_a_decommissioned_worker_hands_in_its_last_exchange_and_leaves(cluster):
     """The parameter-service algorithms (a decommissioning executor runs no new task, so the cycle algorithms'
     driver cannot reach its agent: there it is lost): the service's next answer asks the agent to leave, it
     exchanges once more and says so, its Spark task ends without error (no retry), and no later cycle waits."""
@@ -151,7 +149,8 @@ def test_an_agent_on_a_decommissioned_worker_hands_in_its_last_exchange_and_leav
                 trainer.request_stop()
 
     trainer = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
-                      algorithm=algorithm, max_seconds=90, eval_every_cycles=3, spark=spark, on_cycle=shrink)
+                      algorithm={"name": "easgd", "every": 5}, max_seconds=90, eval_every_cycles=3, spark=spark,
+                      on_cycle=shrink)
     fit = trainer.fit(dataset_dataframe(spark, "digits"))
     assert sent, "the run never got going with two agents"
     cycles = fit.timeline.cycles

@@ -177,3 +177,14 @@ def test_with_fewer_agents_than_executors_jobs_reach_every_executor_at_once(monk
     monkeypatch.setattr(p.roster, "track", lambda rec, result: None)
     p.job_with_corrections(plan, None, None, "cycle 0", Rec(0, 0, None, t_submit=0.0))
     assert sent[0][1] == 2
+
+
+def test_dynamic_allocation_is_refused_in_one_line_that_says_what_to_set():
+    from mpca.errors import UserError
+    from mpca.runtime.cluster import refuse_dynamic_allocation
+
+    refuse_dynamic_allocation({})  # off by default
+    refuse_dynamic_allocation({"spark.dynamicAllocation.enabled": "false"})
+    with pytest.raises(UserError, match=r"needs spark.dynamicAllocation.enabled=false") as e:
+        refuse_dynamic_allocation({"spark.dynamicAllocation.enabled": "True"})
+    assert "\n" not in str(e.value)
