@@ -174,8 +174,11 @@ class ExchangePipeline:
         if rec.joined:
             log.info("agents %s (replacements) started from the parameter service's current model", rec.joined)
         rec.t_end = time.time()
-        # membership: an agent that has not called the service for the roster's bounded wait is missing
-        rec.missing = self.silent(self.roster.wait_s()) if self.silent else []
+        # membership: an agent that has not called the service for the roster's bounded wait is missing, and so is
+        # an elastic run's agent that has not come up yet
+        self.roster.came_up(set(rec.agents))
+        silent = self.silent(self.roster.wait_s()) if self.silent else []
+        rec.missing = sorted(set(silent) | self.roster.not_started)
         self.last_agent_reports.update(rec.agents)
         errors = {a: e.error for a, e in rec.agents.items() if e.error}
         if errors:

@@ -66,6 +66,14 @@ class AgentRoster:
         """Agents expected to answer but not in ``answered``, leaving out those counted absent."""
         return [a for a in self.agents if a not in answered and a not in self.absent]
 
+    def came_up(self, agents: Iterable[int]) -> None:
+        """Agent-initiated algorithms: which agents have called the parameter service (an elastic run's late
+        ones come up this way; the cycle algorithms' come through :meth:`track`)."""
+        for a in self.not_started & set(agents):
+            self.not_started.discard(a)
+            log.warning("agent %s came up %.1fs into the run (elastic): it starts from the server's current model",
+                        a, time.time() - self.absent.pop(a, time.time()))
+
     def remove(self, agents: Iterable[int]) -> None:
         """Agents that left: no longer expected, waited for, or counted."""
         for a in agents:

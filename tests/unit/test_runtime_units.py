@@ -188,3 +188,12 @@ def test_dynamic_allocation_is_refused_in_one_line_that_says_what_to_set():
     with pytest.raises(UserError, match=r"needs spark.dynamicAllocation.enabled=false") as e:
         refuse_dynamic_allocation({"spark.dynamicAllocation.enabled": "True"})
     assert "\n" not in str(e.value)
+
+
+def test_an_elastic_runs_service_agent_is_missing_until_it_first_calls():
+    p = AgentRoster([0, 1], min_agents=1)
+    p.reset([0], later=[1])
+    p.came_up({0})
+    assert p.not_started == {1} and set(p.absent) == {1}
+    p.came_up({0, 1})
+    assert p.not_started == set() and not p.absent
