@@ -97,18 +97,17 @@ class BackgroundEvaluator:
 
     def submit(self, joints, cycle: int, wall: float, reports, epochs: float = float("nan"),
                metrics: Optional[Callable[[], Dict[str, float]]] = None,
-               sps: Optional[Dict[int, float]] = None, present: Optional[int] = None) -> bool:
+               sps: Optional[Dict[int, float]] = None, present: int = 0) -> bool:
         """Score ``joints`` in the background (skipped while the previous evaluation runs: returns False);
         ``metrics``: the algorithm's own figures (:meth:`~mpca.algorithm.base.DriverRule.metrics`), taken only
         when scored; ``sps``: each agent's samples/s (:class:`SampleRate`); ``present``: how many agents the
-        cycle had (membership; default: those that answered it, replacements still joining left out)."""
+        cycle had (membership; 0 for the initial model, before any agent)."""
         if self._busy.is_set():
             return False  # previous evaluation still running: skip rather than stall
         snap = [j.clone() for j in joints]
         weights = {a: r.weight for a, r in reports.items()}
         rates = {a: r.steps_per_s for a, r in reports.items()}
         resets = sum(r.resets for r in reports.values())
-        present = sum(not r.joining for r in reports.values()) if present is None else present
         sps = dict(sps or {})
         extra = metrics() if metrics is not None else {}
         self._busy.set()

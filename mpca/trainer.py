@@ -214,14 +214,15 @@ class Trainer:
                     samples = sum(int(r.samples or 0) for r in reports.values())
                     epochs = samples / rows if rows else 0.0
                     sps = rate.observe(reports)
+                    membership = run.membership()  # (agents present, agents the run has now)
                     eval_wanted = eval_wanted or self._eval_due(c - first_cycle, last_eval)
                     if eval_wanted and evaluator.submit(run.joint_vectors(), c, time.time() - t0, rec.agents, epochs,
-                                                        run.metrics, sps, present=run.membership()[0]):
+                                                        run.metrics, sps, present=membership[0]):
                         last_eval, eval_wanted = time.time(), False  # a due one the evaluator was busy for: next cycle
                     if st.checkpoint.dir and out.cycles % st.checkpoint.every_cycles == 0:
                         saver.submit(self._snapshot(run, model, out.cycles, specs, time.time() - t0))
                     progress.update(out.cycles, None, sum(sps.values()) if sps else None,
-                                    agents=run.membership())
+                                    agents=membership)
                     met = False
                     for row in evaluator.drain():
                         snapshot = row.pop("_snapshot")

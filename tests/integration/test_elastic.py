@@ -53,7 +53,7 @@ class StandaloneCluster:
                                            start_new_session=True))
 
     def add_worker(self):
-        i = sum(1 for p in self.procs) - 1
+        i = len(self.procs) - 1
         opts = (f"-Dspark.worker.resource.agentslot.amount=1 -Dspark.decommission.enabled=true "
                 f"-Dspark.worker.resource.agentslot.discoveryScript={self.slot}")
         self._start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", "--cores", "2", "--memory", "1536m",
