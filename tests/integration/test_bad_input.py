@@ -27,7 +27,7 @@ CASES = {
     "missing label column": (lambda df: df.drop("label"), {}, "column 'label' not in the data"),
     "optimizer_fn raises": (lambda df: df, {"optimizer_fn": _raising_optimizer}, "optimizer_fn failed"),
     "output does not fit the loss": (lambda df: df, {"loss_fn": _mse}, "does not fit the loss"),
-    "cluster too small": (lambda df: df, {"agents": 5}, "cluster too small"),
+    "cluster too small": (lambda df: df, {"agents": 5, "executor_wait_s": 2}, "cluster too small"),
     "min_agents above agents": (lambda df: df, {"min_agents": 3}, "min_agents=3 exceeds"),
 }
 

@@ -14,7 +14,7 @@ def test_a_dry_run_checks_data_and_cluster_prints_the_resolved_config_and_trains
     resolved = yaml.safe_load(out)
     assert resolved["algorithm"]["name"] == "weaksync" and resolved["data"]["dataset"] == "digits"
     assert "nothing was trained" in out and not (tmp_path / "out").exists()
-    assert main(argv + ["training.agents=9"]) == 2
+    assert main(argv + ["training.agents=9", "cluster.executor_wait_s=2"]) == 2  # no executor is coming
     assert "cluster too small" in capsys.readouterr().err
     assert main(argv + ["data.input_shape=[1, 4, 4]"]) == 2  # one batch through the model: the shape is wrong
     assert "input_shape" in capsys.readouterr().err
