@@ -88,6 +88,12 @@ class AgentRule:
         Rules that exchange every few steps do their exchange now; those that send every step have nothing
         left to send."""
 
+    def handed_in(self, shard: int, params: Params) -> Optional[Tuple[torch.Tensor, float, Dict[str, Any]]]:
+        """The agent leaves the run (its executor is being decommissioned; driver-initiated algorithms): what it
+        hands in for ``shard``, in the training thread after its last step — by default the contribution its
+        next exchange would have taken; None when the driver already holds what it has (a round yielded)."""
+        return self.contribution(shard, params)
+
     def waiting(self) -> bool:
         """Whether :meth:`between_steps` would block now, waiting for the driver (a simulator in virtual time parks
         the agent until a delivery instead of calling it; the runtime never asks)."""
@@ -201,6 +207,11 @@ class DriverRule:
         """``partial`` holds Σ wᵢ xᵢ and Σ wᵢ of every agent's contribution of ``shard``; update the joint
         model and return what to broadcast to the agents (None: nothing)."""
         raise NotImplementedError
+
+    def takes_hand_in(self, shard: int, extra: Dict[str, Any]) -> bool:
+        """Whether the contribution a leaving agent handed in (its ``extra`` report; :meth:`AgentRule.handed_in`)
+        belongs in the reduction of ``shard`` staged now (default: any time — τ weighs what it carries)."""
+        return True
 
     def serve(self, agent: int, header: Dict[str, Any], payload: torch.Tensor) -> Tuple[Dict[str, Any], Optional[torch.Tensor]]:
         """Answer an agent's parameter-service request (agent-initiated algorithms only)."""

@@ -196,6 +196,9 @@ class DDPAgent(AgentRule):
                                               "generation": gen.number if gen else None,
                                               "members": list(gen.members) if gen else []}
 
+    def handed_in(self, shard, params):
+        return None  # the replicas are identical: the ranks that stay hold what it has
+
     def close(self) -> None:
         self._leave()
 

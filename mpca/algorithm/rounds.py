@@ -32,6 +32,7 @@ class RoundAgent(AgentRule):
         self.round = 0
         self.round_steps = 0
         self.start_digest = digest(ctx.shards.read(0))
+        self.yielded = -1  # the latest round whose contribution an exchange took
         self.cond = threading.Condition()
 
     def _round_done(self) -> bool:
@@ -59,6 +60,15 @@ class RoundAgent(AgentRule):
             if not self.cond.wait_for(lambda: self.round == want and self._round_done(), timeout_s):
                 raise TimeoutError(f"agent {self.ctx.agent_id} did not finish round {want} within {timeout_s:.0f}s "
                                    f"(it is in round {self.round} after {self.round_steps} of {self.every} steps)")
+            self.yielded = want
+
+    def handed_in(self, shard: int, params: Params):
+        """Leaving mid-round: its round so far (the driver's next reduction is this round's); nothing when it made
+        no step in it or the round's contribution was already taken."""
+        with self.cond:
+            if self.round_steps == 0 or self.yielded == self.round:
+                return None
+        return self.contribution(shard, params)
 
     def round_report(self) -> Dict[str, Any]:
         return {"round": self.round, "start_digest": self.start_digest, "round_steps": self.round_steps}
@@ -93,6 +103,11 @@ class RoundDriver(DriverRule):
 
     def cycle_params(self, cycle: int) -> Params:
         return {"round": self.rounds}
+
+    def takes_hand_in(self, shard: int, extra: Dict[str, Any]) -> bool:
+        """Only into the reduction of the round it was made in (a later round's average must not take a
+        model, or a pseudo-gradient, of an earlier one)."""
+        return int(extra.get("round", -1)) == self.rounds
 
     def next_round(self, joint: torch.Tensor) -> torch.Tensor:
         with self.lock:

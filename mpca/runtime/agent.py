@@ -34,6 +34,7 @@ from mpca.runtime.reports import AgentReport
 log = logging.getLogger("mpca.agent")
 
 MAX_CONNECTIONS = 64  # exchange tasks hold a few per agent at once
+LEAVE_POLL_S = 1.0  # how often a driver-initiated algorithm's agent asks whether its executor is going
 
 
 @dataclass
@@ -182,8 +183,16 @@ class Agent:
         self.started = time.time()
         self._rate_mark = (time.time(), 0)
         self.executor = placement.executor_id()
-        self.service = None
-        if spec.service is not None:
+        self.service = None  # the parameter service (agent-initiated algorithms)
+        self._leave_watch = None  # the driver's service asked once a second whether to leave (the others)
+        self.last_params: dict = {}  # the latest cycle's parameters, for a hand-in
+        if spec.service is not None and spec.algorithm.exchange != "service":
+            from mpca.runtime.service import ServiceClient
+
+            host, port = spec.service
+            self._leave_watch = ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload)
+            threading.Thread(target=self._watch_for_leave, name=f"mpca-agent{agent_id}-leave", daemon=True).start()
+        elif spec.service is not None:
             from mpca.runtime.service import ServiceClient
 
             host, port = spec.service
@@ -211,6 +220,36 @@ class Agent:
     def _asked_to_leave(self) -> None:
         self.leaving = True
         self.stop_requested = True  # the training loop ends after this step, then hands in
+
+    def _watch_for_leave(self) -> None:
+        """Driver-initiated algorithms on a cluster that decommissions executors: no exchange task reaches an agent
+        whose executor is being decommissioned, so it asks the driver itself, once a second."""
+        while not self.stop_requested:
+            time.sleep(LEAVE_POLL_S)
+            try:
+                reply, _ = self._leave_watch.request({"op": "poll", "agent": self.id})
+            except Exception as e:  # noqa: BLE001 - the driver gone: the exchange's idle timeout ends the agent
+                if not self.stop_requested:
+                    log.warning("agent %s: cannot ask the driver whether to leave: %s", self.id, e)
+                return
+            if reply.get("leave"):
+                self._asked_to_leave()
+
+    def _hand_in(self) -> None:
+        """Its executor is being decommissioned: hand in what the joint model lacks, then say it leaves."""
+        if self.service is not None:  # agent-initiated: the rule's own last exchange with the service
+            self.rule.hand_in()
+            self.service.request({"op": "leave", "agent": self.id})
+            return
+        parts = []  # (shard, vector, weight, report)
+        with self.lock:  # the training loop has ended; no exchange task can reach this executor any more
+            for s in range(self.spec.layout.num_shards):
+                got = self.rule.handed_in(s, self.last_params.get(s, {}))
+                if got is not None and got[1] > 0 and bool(torch.isfinite(got[0]).all()):
+                    parts.append((s, *got))
+        payload = b"".join(np.ascontiguousarray(v.numpy(), dtype=self.codec.dtype).tobytes() for _, v, _, _ in parts)
+        self._leave_watch.request({"op": "leave", "agent": self.id, "shards": [p[0] for p in parts],
+                                   "weights": [float(p[2]) for p in parts], "extras": [p[3] for p in parts]}, payload)
 
     # ------------------------------------------------------------------ training
     def _should_stop(self) -> bool:
@@ -261,8 +300,7 @@ class Agent:
                     self.error = f"agent {self.id}: no exchange for {self.spec.idle_timeout_s:.0f}s; driver presumed gone"
                     break
             if self.leaving:  # its executor is being decommissioned: hand in what it holds, then say so
-                self.rule.hand_in()
-                self.service.request({"op": "leave", "agent": self.id})
+                self._hand_in()
                 log.warning("agent %s left the run (its executor is being decommissioned)", self.id)
         except Exception:
             self.error = f"agent {self.id} training failed:\n{traceback.format_exc()}"
@@ -394,6 +432,8 @@ class Agent:
             return {"ok": True, **self.report(**extra).to_dict()}, None
         params = header.get("params") or {}
         cycle = header.get("cycle")
+        if "shard" in header and params:
+            self.last_params[int(header["shard"])] = params
         if op == "join":
             if self.joining:
                 self._join(payload, params)
@@ -493,8 +533,9 @@ class Agent:
         try:
             self.rule.close()
         finally:
-            if self.service is not None:
-                self.service.close()
+            for client in (self.service, self._leave_watch):
+                if client is not None:
+                    client.close()
 
 
 def _np_dtype(dtype: torch.dtype):

@@ -185,6 +185,11 @@ def refuse_dynamic_allocation(conf) -> None:
                         "or replaces — a standalone worker joining, a node added by the cluster's autoscaler")
 
 
+def decommission_enabled(sc) -> bool:
+    """Whether Spark decommissions executors gracefully here (``spark.decommission.enabled``)."""
+    return (sc.getConf().get("spark.decommission.enabled") or "false").strip().lower() == "true"
+
+
 def decommissioning(sc, executors) -> set:
     """Which of ``executors`` (ids) Spark's scheduler knows to be decommissioning (``spark.decommission.enabled``:
     a worker or node going away, a spot instance's notice, dynamic allocation scaling down)."""

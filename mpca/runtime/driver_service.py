@@ -14,7 +14,7 @@ from typing import Dict, List, Set, Tuple
 import numpy as np
 import torch
 
-from mpca.algorithm import DriverRule
+from mpca.algorithm import DriverRule, WeightedSum
 from mpca.algorithm.wire import Codec, ErrorFeedback
 from mpca.runtime.reports import AgentReport
 from mpca.runtime.service import ParameterService
@@ -22,11 +22,16 @@ from mpca.runtime.service import ParameterService
 
 class DriverService:
     """Answers agents' requests with ``rule.serve`` (after checking the agent and that the payload is finite) and
-    keeps each agent's latest report for the driver's observing cycles."""
+    keeps each agent's latest report for the driver's observing cycles.
+
+    With ``serves=False`` (driver-initiated algorithms on a cluster that decommissions executors) it only tells
+    agents whether to leave (``op: poll``) and takes their last contributions as they go (``op: leave`` with
+    one exact vector per shard): a decommissioning executor runs no new task, so the exchange cannot reach them.
+    """
 
     def __init__(self, rule: DriverRule, secret: bytes, codec: Codec, max_payload: int, host: str,
-                 port: int, agents: int):
-        self.rule, self.agents = rule, agents
+                 port: int, agents: int, serves: bool = True):
+        self.rule, self.agents, self.serves = rule, agents, serves
         self.codec = codec
         self.feedback = ErrorFeedback(codec)  # the answers' residual, one stream per agent
         self.reports: Dict[int, AgentReport] = {}
@@ -37,6 +42,8 @@ class DriverService:
         self.observed = False  # first agents (attempt 0) joining before the first observation: an elastic start
         self.leaving: Set[int] = set()  # agents asked to leave (their executor is being decommissioned)
         self.left: Set[int] = set()  # agents that handed in their last exchange and said so
+        self._left_taken: Set[int] = set()
+        self._handed_in: List[Tuple[int, int, WeightedSum, dict]] = []  # (agent, shard, contribution, extra)
         self._joins_seen: Dict[int, int] = {}  # as of the last observation
         self.bytes_in = self.bytes_out = 0  # payloads received from / sent to agents
         self.cond = threading.Condition()
@@ -51,11 +58,19 @@ class DriverService:
         agent = int(header["agent"])
         if not 0 <= agent < self.agents:
             raise ValueError(f"no agent {agent} in this run")
-        if header.get("op") == "leave":  # its last exchange is in: it stops
+        if header.get("op") == "poll":  # a driver-initiated algorithm's agent asks whether to leave
             with self.cond:
+                return {"ok": True, "leave": agent in self.leaving}, None
+        if header.get("op") == "leave":  # its last exchange is in (or comes with this request): it stops
+            contributions = self._contributions(agent, header, payload) if payload else []
+            with self.cond:
+                self._handed_in.extend(contributions)
+                self.bytes_in += len(payload or b"")
                 self.left.add(agent)
                 self.cond.notify_all()
             return {"ok": True}, None
+        if not self.serves:
+            raise ValueError(f"op {header.get('op')!r}: this run's algorithm has no parameter service")
         if header.get("op") == "join":  # a replacement agent: the model it starts from, exact
             vec = torch.cat([v.reshape(-1) for v in self.rule.join_vectors()])
             data = np.ascontiguousarray(vec.numpy(), dtype=self.codec.dtype).tobytes()
@@ -81,6 +96,36 @@ class DriverService:
             self.bytes_out += 0 if data is None else len(data)
             self.cond.notify_all()
         return ({**reply, "n": out.numel()} if out is not None else reply), data
+
+    def _contributions(self, agent: int, header: dict, payload: bytearray) -> List[Tuple[int, int, WeightedSum, dict]]:
+        """A leaving agent's last contributions: one exact vector per shard in ``shards``, weighted by ``weights``
+        (each checked: a shard of this run, its size, finite, weight ≥ 0)."""
+        shards, weights = [int(s) for s in header["shards"]], [float(w) for w in header["weights"]]
+        extras = header.get("extras") or [{} for _ in shards]
+        sizes = [self.rule.shard_numel(s) if 0 <= s < self.rule.num_shards else -1 for s in shards]
+        if len(weights) != len(shards) or len(extras) != len(shards) or min(sizes, default=0) < 0:
+            raise ValueError(f"agent {agent}: a hand-in must name shards of this run, one weight and report each")
+        vec = np.frombuffer(payload, dtype=self.codec.dtype)
+        if vec.size != sum(sizes):
+            raise ValueError(f"agent {agent}: handed in {vec.size} values for shards of {sum(sizes)}")
+        if not np.isfinite(vec).all() or min(weights, default=0.0) < 0:
+            raise ValueError(f"agent {agent} handed in NaN/Inf or a negative weight; refused")
+        parts = np.split(vec, np.cumsum(sizes)[:-1])
+        return [(agent, s, WeightedSum.of(torch.from_numpy(p.copy()), w), dict(e))
+                for s, w, p, e in zip(shards, weights, parts, extras)]
+
+    def take_handed_in(self) -> List[Tuple[int, int, WeightedSum, dict]]:
+        """The contributions leaving agents handed in since the last call: (agent, shard, contribution, report)."""
+        with self.cond:
+            out, self._handed_in = self._handed_in, []
+            return out
+
+    def take_left(self) -> List[int]:
+        """The agents that left since the last call."""
+        with self.cond:
+            new = sorted(self.left - self._left_taken)
+            self._left_taken |= set(new)
+            return new
 
     def observe(self, period_s: float) -> Tuple[Dict[int, AgentReport], List[int]]:
         """Wait until every agent has called since the last observation (at most ``period_s``); their reports,

@@ -89,6 +89,7 @@ class ExchangePipeline:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpca-exchange")
         self.last_agent_reports: Dict[int, AgentReport] = {}
         self.silent = silent
+        self._handed_in: Dict[int, List[Tuple[int, WeightedSum, dict]]] = {}  # shard -> (agent, contribution, extra)
 
     def job_with_corrections(self, reduce: ExchangePlan, deliver: Optional[ExchangePlan], bc, description: str,
                              rec: CycleRecord) -> ExchangeRecord:
@@ -153,15 +154,31 @@ class ExchangePipeline:
         if rec.joined:
             log.info("agents %s started from the joint model of cycle %d", rec.joined, rec.cycle)
 
+    def hand_in(self, agent: int, shard: int, contribution: WeightedSum, extra: dict) -> None:
+        """A leaving agent's last contribution of ``shard`` (over the driver's service: no task reaches a
+        decommissioning executor): added to the next reduction of that shard the driver rule takes it in."""
+        self._handed_in.setdefault(shard, []).append((agent, contribution, extra))
+
+    def _with_handed_in(self, shard: int, partial: WeightedSum, rec: CycleRecord) -> WeightedSum:
+        for agent, contribution, extra in self._handed_in.pop(shard, []):
+            if self.rule.takes_hand_in(shard, extra):
+                partial = partial.combine(contribution)
+                rec.handed_in.append(agent)
+            else:
+                log.info("agent %s's handed-in shard %d came too late for its reduction; dropped", agent, shard)
+        return partial
+
     # ------------------------------------------------------------------ phases
     def _stage(self, cycle: int, shard: int, result: ExchangeRecord, rec: CycleRecord) -> None:
-        """Stage phase: the driver rule's update of the reduced shard, then a new broadcast variable."""
+        """Stage phase: the driver rule's update of the reduced shard (with what leaving agents handed in), then
+        a new broadcast variable."""
         rec.stage_shard, rec.stage_start = shard, time.time()
         partial = _finite(cycle, shard, result.partial)
         if partial is None:
             rec.rejected = True
             rec.stage_end = time.time()
             return
+        partial = self._with_handed_in(shard, partial, rec)
         out = self.rule.on_reduced(cycle, shard, partial)
         if out is not None:
             self.broadcasts.stage(cycle + self.lag, shard, out)

@@ -54,10 +54,11 @@ class AgentRun:
         max_payload = sum(self.layout.shard_nbytes(s) for s in range(self.layout.num_shards)) + 4096
         host = settings.cluster.service_host or self.sc.getConf().get("spark.driver.host") or "127.0.0.1"
         self.codec = Codec.of(settings.wire.format, settings.wire.block, self.layout.wire_dtype)
-        self.service = None
-        if algo.exchange == "service":
+        self.service = None  # the parameter service; for the other algorithms only where executors may be decommissioned
+        serves = algo.exchange == "service"
+        if serves or cluster.decommission_enabled(self.sc):
             self.service = DriverService(self.rule, secret, self.codec, max_payload, host,
-                                         settings.cluster.service_port, self.agents)
+                                         settings.cluster.service_port, self.agents, serves=serves)
         self.spec = AgentSpec(run_id=self.run_id, secret=secret, model_fn=model_fn, loss_fn=loss_fn,
                               optimizer_fn=optimizer_fn, layout=self.layout, init_state=model_state(model),
                               algorithm=algo, training=training, data=settings.data, wire=settings.wire,
@@ -71,8 +72,8 @@ class AgentRun:
                              settings.cluster.agent_lost_timeout_s)
         self.pipeline = ExchangePipeline(self.sc, self.run_id, secret, self.rule, algo, roster,
                                          self.codec, self.timeline, executors=self.shape.executors,
-                                         observe=self.service.observe if self.service else None,
-                                         silent=self.service.silent if self.service else None,
+                                         observe=self.service.observe if serves else None,
+                                         silent=self.service.silent if serves else None,
                                          split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2)
         self.pipeline.restore_pending(pending)
         self._restore_wire(wire_state)
@@ -111,10 +112,11 @@ class AgentRun:
         return rec
 
     def _decommissioned(self, rec) -> None:
-        """Agents of an agent-initiated algorithm on executors being decommissioned leave gracefully: the
-        service's next answer asks each to leave, it hands in its last exchange and says so, and the run goes on
-        without waiting for it.  (A decommissioning executor runs no new task, so the driver-initiated
-        algorithms cannot collect from or stop its agent: it is handled as lost, and ddp re-forms without it.)"""
+        """Agents on executors being decommissioned leave gracefully (Spark's scheduler says which, asked once a
+        second): each is asked to leave — by the parameter service's next answer, or, for the driver-initiated
+        algorithms, whose exchange tasks can no longer reach a decommissioning executor, by the driver's service
+        the agent polls — it hands in its last contribution and says so, and the run goes on without waiting for
+        it (cycle algorithms stop waiting at once; a handed-in shard joins that shard's next reduction)."""
         if self.service is None:
             return
         roster = self.pipeline.roster
@@ -125,10 +127,14 @@ class AgentRun:
             decommissioning = cluster.decommissioning(self.sc, set(executors.values()))
             going = sorted(a for a, e in executors.items() if e in decommissioning)
             if going:
-                log.warning("agents %s: their executors are being decommissioned; they leave after one last exchange",
-                            going)
+                log.warning("agents %s: their executors are being decommissioned; they leave after handing in their "
+                            "last contribution", going)
                 self.service.ask_to_leave(going)
-        done = sorted(a for a in self.service.left if a in roster.agents)
+                if not self.service.serves:
+                    roster.remove(going)  # no exchange task reaches them now: no cycle waits for them
+        for agent, shard, contribution, extra in self.service.take_handed_in():
+            self.pipeline.hand_in(agent, shard, contribution, extra)
+        done = self.service.take_left()
         if done:
             roster.remove(done)
             rec.left = done

@@ -56,6 +56,7 @@ class CycleRecord:
     missing: List[int] = field(default_factory=list)  # agents that did not contribute (hung, lost, joining)
     joined: List[int] = field(default_factory=list)  # replacement agents handed the joint model after it
     left: List[int] = field(default_factory=list)  # agents that left the run after it (decommissioned executors)
+    handed_in: List[int] = field(default_factory=list)  # leaving agents whose last contribution its stage took
     agents: Dict[int, AgentReport] = field(default_factory=dict)  # reduce tasks' reports (contributions)
     delivered: Dict[int, AgentReport] = field(default_factory=dict)  # deliver tasks' reports (broadcast hand-offs)
 
@@ -123,6 +124,7 @@ def _row(c: CycleRecord) -> dict:
         "rejected": c.rejected, "resets": sum(e.resets for e in c.agents.values()), "bytes_up": c.bytes_up,
         "bytes_down": c.bytes_down, "corrections": c.corrections, "misplaced": c.misplaced,
         "missing": list(c.missing), "joined": list(c.joined), "left": list(c.left),
+        "handed_in": list(c.handed_in),
         "weight": {a: e.weight for a, e in sorted(c.agents.items())},
         "steps_per_s": {a: e.steps_per_s for a, e in sorted(c.agents.items())},
     }

@@ -190,6 +190,26 @@ def test_a_replacement_enters_the_drivers_current_round_and_keeps_its_steps(cls)
     a.yield_ready(0, {"round": 7}, 0.05)  # round 7 done: it yields at once
 
 
+def test_a_leaving_round_agent_hands_in_its_round_so_far_once_and_the_driver_takes_it_only_in_that_round():
+    """Decommissioning (driver-initiated rounds): nothing before a step of the round; the round so far after one;
+    nothing once the round's contribution was yielded; the driver takes it only into the round it was made in."""
+    a = DiLoCoAgent(_ctx(torch.nn.Linear(2, 1)), every=2)
+    assert a.handed_in(0, {}) is None  # no step in round 0 yet
+    with torch.no_grad():
+        a.ctx.model.bias += 1.0
+    a.after_step()
+    vec, weight, extra = a.handed_in(0, {})
+    assert vec.tolist() == [0.0, 0.0, -1.0] and weight == 1.0 and extra["round"] == 0 and extra["round_steps"] == 1
+    a.after_step()
+    a.yield_ready(0, {"round": 0}, 0.05)  # an exchange takes round 0
+    assert a.handed_in(0, {}) is None
+    driver = build_algorithm({"name": "diloco", "every": 2}).driver_rule([T(0.0)], 2)
+    assert driver.takes_hand_in(0, {"round": 0}) and not driver.takes_hand_in(0, {"round": 1})
+    driver.on_reduced(0, 0, _partial((T(1.0), 1.0)))  # round 0 reduced: a round-0 hand-in is late now
+    assert not driver.takes_hand_in(0, {"round": 0}) and driver.takes_hand_in(0, {"round": 1})
+    assert build_algorithm("mpca").driver_rule([T(0.0)], 2).takes_hand_in(0, {})  # τ weighs it, any cycle
+
+
 def test_unknown_and_misconfigured_algorithms_fail_eagerly():
     with pytest.raises(ValueError, match="unknown algorithm 'adam'"):
         build_algorithm("adam")

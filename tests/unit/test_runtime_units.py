@@ -197,3 +197,25 @@ def test_an_elastic_runs_service_agent_is_missing_until_it_first_calls():
     assert p.not_started == {1} and set(p.absent) == {1}
     p.came_up({0, 1})
     assert p.not_started == set() and not p.absent
+
+
+def test_a_handed_in_contribution_joins_the_next_reduction_of_its_shard_if_the_driver_rule_takes_it():
+    """A leaving agent's last contribution (sync: its model, weight 1) is added to the reduction staged next —
+    (2, 2) from the exchange and (4, 6) handed in average to (3, 4) — and one of another round is dropped."""
+    import torch
+
+    from mpca.algorithm.sync import Sync
+    from mpca.runtime.pipeline import ExchangePipeline
+
+    algorithm = Sync(every=5)
+    rule = algorithm.driver_rule([torch.zeros(2)], agents=2)
+    pipe = ExchangePipeline(None, "r", b"s", rule, algorithm, AgentRoster([0, 1]), Codec())
+    pipe.hand_in(1, 0, WeightedSum.of(torch.tensor([4.0, 6.0]), 1.0), {"round": 0})
+    pipe.hand_in(1, 0, WeightedSum.of(torch.tensor([100.0, 100.0]), 1.0), {"round": 3})  # not this round's
+    from_exchange = WeightedSum(torch.tensor([2.0, 2.0]), 1.0)
+    rec = CycleRecord(0, 0, None, t_submit=0.0)
+    rule.on_reduced(0, 0, pipe._with_handed_in(0, from_exchange, rec))  # the stage phase of round 0
+    assert rule.joint[0].tolist() == [3.0, 4.0] and rec.handed_in == [1]
+    rec = CycleRecord(1, 0, None, t_submit=0.0)
+    assert pipe._with_handed_in(0, from_exchange, rec) is from_exchange and rec.handed_in == []  # taken once
+    pipe.close()

@@ -250,3 +250,47 @@ def test_an_agent_asked_to_leave_is_told_in_its_next_answer_and_is_not_missing_o
         assert svc.left == {1} and svc.silent(0.0) == [0] and asked == [1]
     finally:
         svc.close()
+
+
+def test_a_cycle_algorithms_agent_polls_leaves_and_hands_in_one_exact_vector_per_shard():
+    """Driver-initiated algorithms (``serves=False``): ``op: poll`` says whether to leave; ``op: leave`` with a
+    payload carries the agent's last contributions (shards, weights, reports) — taken once, weighted (τ·x), each
+    checked; any other op is refused (this run has no parameter service)."""
+    import torch
+
+    from mpca.algorithm import MPCAHyper
+    from mpca.algorithm.mpca import MPCADriver
+    from mpca.algorithm.wire import Codec
+    from mpca.runtime.driver_service import DriverService
+
+    rule = MPCADriver([torch.zeros(3), torch.zeros(2)], agents=2, hyper=MPCAHyper())
+    svc = DriverService(rule, SECRET, Codec(), MAX_PAYLOAD, "127.0.0.1", 0, agents=2, serves=False)
+    try:
+        host, port = svc.address
+        with ServiceClient(host, port, SECRET, max_payload=MAX_PAYLOAD, timeout_s=5.0) as client:
+            assert client.request({"op": "poll", "agent": 1})[0]["leave"] is False
+            svc.ask_to_leave([1])
+            assert client.request({"op": "poll", "agent": 1})[0]["leave"] is True
+            assert client.request({"op": "poll", "agent": 0})[0]["leave"] is False
+            with pytest.raises(ServiceError, match="no parameter service"):
+                client.request({"op": "easgd", "agent": 0, "n": 3}, np.zeros(3, np.float32).tobytes())
+            with pytest.raises(ServiceError, match="handed in 4 values for shards of 5"):
+                client.request({"op": "leave", "agent": 1, "shards": [0, 1], "weights": [1, 1]},
+                               np.ones(4, np.float32).tobytes())
+            with pytest.raises(ServiceError, match="NaN/Inf"):
+                client.request({"op": "leave", "agent": 1, "shards": [1], "weights": [1]},
+                               np.array([1, np.nan], np.float32).tobytes())
+            with pytest.raises(ServiceError, match="shards of this run"):
+                client.request({"op": "leave", "agent": 1, "shards": [2], "weights": [1]},
+                               np.ones(2, np.float32).tobytes())
+            assert svc.take_left() == []  # refused hand-ins did not count as leaving
+            x = np.array([1, 2, 3, 4, 5], np.float32)
+            client.request({"op": "leave", "agent": 1, "shards": [0, 1], "weights": [3, 0.5],
+                            "extras": [{"tau": 3}, {"tau": 1}]}, x.tobytes())
+        got = svc.take_handed_in()
+        assert [(a, s, e) for a, s, _, e in got] == [(1, 0, {"tau": 3}), (1, 1, {"tau": 1})]
+        assert got[0][2].total.tolist() == [3, 6, 9] and got[0][2].weight == 3  # τ·x, τ
+        assert got[1][2].total.tolist() == [2, 2.5] and got[1][2].weight == 0.5
+        assert svc.take_handed_in() == [] and svc.take_left() == [1] and svc.take_left() == []
+    finally:
+        svc.close()
