@@ -208,6 +208,12 @@ class DriverRule:
         model and return what to broadcast to the agents (None: nothing)."""
         raise NotImplementedError
 
+    def on_membership(self, agents: int) -> None:
+        """``agents`` take part in the run now (it started with another number, or agents left, were lost or
+        joined): settings that follow K adjust — EASGD's default α = 0.9/K (elastic symmetry), Rudra's gradients
+        per update and hardsync's learning rate.  The reductions need nothing: they weigh whoever contributed.
+        Called by the runtime when the count of agents present changes."""
+
     def takes_hand_in(self, shard: int, extra: Dict[str, Any]) -> bool:
         """Whether the contribution a leaving agent handed in (its ``extra`` report; :meth:`AgentRule.handed_in`)
         belongs in the reduction of ``shard`` staged now (default: any time — τ weighs what it carries)."""

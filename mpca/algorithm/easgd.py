@@ -46,13 +46,15 @@ class EASGDAgent(ServiceAgent):
 
 
 class EASGDDriver(DriverRule):
-    """The centre x̃; each request moves it by α (x_i − x̃) (Eq. 3) and answers that difference."""
+    """The centre x̃; each request moves it by α (x_i − x̃) (Eq. 3) and answers that difference.  ``alpha`` None:
+    0.9 / K for the K agents present (elastic symmetry, §6.3), following the run's membership."""
 
     HISTORY = 100_000
 
-    def __init__(self, joint, agents, alpha: float):
+    def __init__(self, joint, agents, alpha: Optional[float]):
         super().__init__(joint, agents)
-        self.alpha = alpha
+        self.symmetric = alpha is None
+        self.alpha = 0.9 / agents if alpha is None else alpha
         self.exchanges = 0
         self.history = collections.deque(maxlen=self.HISTORY)  # agent ids in the order they were served
 
@@ -64,6 +66,14 @@ class EASGDDriver(DriverRule):
             self.exchanges += 1
             self.history.append(agent)
         return {"ok": True}, d
+
+    def on_membership(self, agents):
+        if self.symmetric:
+            with self.lock:
+                self.alpha = 0.9 / agents
+
+    def metrics(self):
+        return {"alpha": self.alpha}
 
     def state_dict(self):
         return {**super().state_dict(), "exchanges": self.exchanges}
@@ -82,10 +92,11 @@ class EASGD(Algorithm):
     default_cycle_interval_s = 1.0  # the driver's cycles only observe the service's latest reports
     summary = "every τ local steps each agent exchanges α(x_i − x̃) with the driver's parameter service"
     every: int = Field(10, ge=1, description="τ: local steps between an agent's exchanges")
-    alpha: Optional[float] = Field(None, gt=0.0, le=1.0, description="elastic coefficient; default 0.9 / agents")
+    alpha: Optional[float] = Field(None, gt=0.0, le=1.0,
+                                   description="elastic coefficient; default 0.9 / the agents present")
 
     def agent_factory(self):
         return functools.partial(EASGDAgent, every=self.every)
 
     def driver_rule(self, joint, agents):
-        return EASGDDriver(joint, agents, self.alpha if self.alpha is not None else 0.9 / agents)
+        return EASGDDriver(joint, agents, self.alpha)

@@ -63,8 +63,8 @@ class RudraServer(DriverRule):
         if protocol not in ("hardsync", "softsync"):
             raise ValueError(f"protocol must be hardsync or softsync, got {protocol!r}")
         self.protocol, self.modulate, self.timeout_s = protocol, modulate, timeout_s
-        self.c = agents if protocol == "hardsync" else max(1, agents // n)  # gradients per update
-        self.lr = lr * math.sqrt(agents * batch_size / reference_batch) if protocol == "hardsync" else lr
+        self.n, self.base_lr, self.batch_scale = n, lr, batch_size / reference_batch
+        self._learners(agents)
         self.ts = 0
         self.pending: List[tuple] = []  # (gradient, its timestamp)
         self.history = collections.deque(maxlen=self.HISTORY)  # (ts after the update, ⟨σ⟩, learning rate)
@@ -72,6 +72,19 @@ class RudraServer(DriverRule):
         self.stopping = False
         self._sigma = RunningMean()
         self._lr = self.lr  # the last update's learning rate
+
+    def _learners(self, learners: int) -> None:
+        """λ learners: c gradients per update (hardsync λ, softsync ⌊λ/n⌋) and hardsync's α0·√(λμ/B)."""
+        self.c = learners if self.protocol == "hardsync" else max(1, learners // self.n)
+        self.lr = self.base_lr * math.sqrt(learners * self.batch_scale) if self.protocol == "hardsync" else self.base_lr
+
+    def on_membership(self, agents):
+        """λ follows the learners present: a hardsync update no longer waits for one that left or was lost (its
+        waiting learners are released at once when the gradients in hand now suffice)."""
+        with self.cond:
+            self._learners(agents)
+            if self.pending and len(self.pending) >= self.c:
+                self._apply()
 
     def _apply(self) -> None:
         """One update from the pending gradients (lock held): θ ← θ − α · mean(g)."""

@@ -81,6 +81,7 @@ class AgentRun:
         self.stopped: Dict[int, AgentReport] = {}
         self.agent_info: Dict[int, AgentReport] = {}
         self._decommission_checked = 0.0
+        self._present = self.agents  # the count the driver rule was last told (built with K)
 
     def __enter__(self) -> "AgentRun":
         t0 = time.time()
@@ -109,6 +110,10 @@ class AgentRun:
             self.pipeline.jobs.executors = max(1, cluster.executor_count(self.sc))
         rec = self.pipeline.cycle(c)
         self._decommissioned(rec)
+        present, _ = self.membership()
+        if present and present != self._present:  # settings that follow K follow the agents present (none: keep)
+            self._present = present
+            self.rule.on_membership(present)
         return rec
 
     def _decommissioned(self, rec) -> None:

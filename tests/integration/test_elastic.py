@@ -125,6 +125,9 @@ def test_an_agent_joins_when_a_worker_is_added_to_the_running_cluster(cluster, a
         assert last[0].extra["members"] == last[1].extra["members"] == [0, 1], {a: r.extra for a, r in last.items()}
     agents = list(fit.history["agents"].dropna())  # the first row: the initial model, before any agent
     assert agents[1] == 1 and max(agents) == 2, agents
+    if fit.algorithm == "easgd":  # its default α = 0.9/K follows the agents present
+        alphas = [round(a, 6) for a in fit.history["alpha"].dropna()]
+        assert 0.9 in alphas and alphas[-1] == 0.45, alphas
     print(f"{fit.algorithm}: agent 1 joined {cycles[joined[0]].t_end - added[0]:.1f}s after the worker was "
           f"added; {len(after)} cycles with both agents; final error {fit.final.error:.3f}")
     assert fit.final.error < 0.15

@@ -1,4 +1,5 @@
 """Each algorithm's rules against hand-computed values, without Spark: driver rules, agent rules, registry."""
+import math
 import threading
 
 import pytest
@@ -217,3 +218,26 @@ def test_unknown_and_misconfigured_algorithms_fail_eagerly():
         build_algorithm({"name": "diloco", "outer_momentum": 1.0})
     with pytest.raises(ValueError, match="trains one agent"):
         build_algorithm("single").check_agents(2)
+
+
+def test_settings_that_follow_k_follow_the_agents_present():
+    """EASGD's default α = 0.9/K and Rudra's λ follow the membership; an explicit α does not; a hardsync update
+    waiting for a learner that left is made as soon as the gradients in hand suffice."""
+    easgd = build_algorithm("easgd").driver_rule([T(0.0)], 4)
+    assert easgd.alpha == pytest.approx(0.225)
+    easgd.on_membership(2)
+    assert easgd.alpha == pytest.approx(0.45) and easgd.metrics() == {"alpha": pytest.approx(0.45)}
+    fixed = build_algorithm({"name": "easgd", "alpha": 0.3}).driver_rule([T(0.0)], 4)
+    fixed.on_membership(2)
+    assert fixed.alpha == 0.3
+    hard = build_algorithm({"name": "rudra-hardsync", "lr": 0.1, "batch_size": 32,
+                            "reference_batch": 128}).driver_rule([T(1.0)], 4)
+    assert hard.c == 4 and hard.lr == pytest.approx(0.1)  # α0 √(4·32/128)
+    hard.pending = [(T(2.0), 0), (T(4.0), 0)]  # two of four gradients in hand, one more learner waits…
+    hard.on_membership(2)  # …and two learners left: λ = 2
+    assert hard.c == 2 and hard.lr == pytest.approx(0.1 * math.sqrt(0.5)) and hard.ts == 1
+    assert hard.joint[0].tolist() == pytest.approx([1.0 - 0.1 * math.sqrt(0.5) * 3.0])  # θ − α·mean(g)
+    soft = build_algorithm({"name": "rudra-softsync", "n": 2}).driver_rule([T(0.0)], 4)
+    assert soft.c == 2
+    soft.on_membership(3)
+    assert soft.c == 1
