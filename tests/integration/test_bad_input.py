@@ -1,5 +1,7 @@
 """Mistakes visible only once a DataFrame exists (the Trainer API): one UserError line, before any agent
 starts, with no agent job left behind."""
+import time
+
 import pytest
 import torch
 from pyspark.sql import functions as F
@@ -43,4 +45,7 @@ def test_trainer_refuses_bad_input_before_any_agent_starts(spark, case):
         Trainer(fns["model_fn"], fns["loss_fn"], fns["optimizer_fn"], **{"agents": 2, **options},
                 input_shape=(1, 8, 8), max_cycles=3, spark=spark).fit(change(dataset_dataframe(spark, "digits")))
     assert expected in str(err.value) and "\n" not in str(err.value), err.value
-    assert not tracker.getActiveJobsIds()  # no agent job started, nothing left running
+    deadline = time.time() + 10  # a job being cancelled (a check's own, or the previous test's) ends within seconds
+    while tracker.getActiveJobsIds() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not tracker.getActiveJobsIds()  # no agent job started (it would run until stopped), nothing left running
