@@ -185,7 +185,7 @@ class Agent:
         self.executor = placement.executor_id()
         self.service = None  # the parameter service (agent-initiated algorithms)
         self._leave_watch = None  # the driver's service asked once a second whether to leave (the others)
-        self.last_params: dict = {}  # the latest cycle's parameters, for a hand-in
+        self.last_params: dict = {}  # the latest cycle's parameters (α, the round), for a hand-in
         if spec.service is not None and spec.algorithm.exchange != "service":
             from mpca.runtime.service import ServiceClient
 
@@ -244,7 +244,7 @@ class Agent:
         parts = []  # (shard, vector, weight, report)
         with self.lock:  # the training loop has ended; no exchange task can reach this executor any more
             for s in range(self.spec.layout.num_shards):
-                got = self.rule.handed_in(s, self.last_params.get(s, {}))
+                got = self.rule.handed_in(s, self.last_params)
                 if got is not None and got[1] > 0 and bool(torch.isfinite(got[0]).all()):
                     parts.append((s, *got))
         payload = b"".join(np.ascontiguousarray(v.numpy(), dtype=self.codec.dtype).tobytes() for _, v, _, _ in parts)
@@ -432,8 +432,8 @@ class Agent:
             return {"ok": True, **self.report(**extra).to_dict()}, None
         params = header.get("params") or {}
         cycle = header.get("cycle")
-        if "shard" in header and params:
-            self.last_params[int(header["shard"])] = params
+        if params:
+            self.last_params = params  # the latest cycle's (a rule's parameters are per cycle, not per shard)
         if op == "join":
             if self.joining:
                 self._join(payload, params)

@@ -231,7 +231,7 @@ def test_a_replacement_contributes_nothing_until_it_starts_from_the_joint_model(
     header, payload = a.handle({"op": "yield", "shard": 0, "cycle": 9}, b"")
     assert header["weight"] == 0 and header["joining"] and not np.frombuffer(payload, np.float32).any()
     joint = torch.arange(spec.layout.total_numel, dtype=torch.float32)
-    a.handle({"op": "join", "cycle": 9, "params": {"alpha": 0.1}}, bytearray(joint.numpy().tobytes()))
+    a.handle({"op": "join", "shard": None, "cycle": 9, "params": {"alpha": 0.1}}, bytearray(joint.numpy().tobytes()))
     assert not a.joining
     got = torch.cat([a.shards.read(s) for s in range(2)])
     assert torch.equal(got, joint)  # every shard is the driver's joint model
@@ -326,7 +326,7 @@ def test_an_agent_the_driver_knows_as_another_process_stops_and_waits_for_the_jo
     header, _ = a.handle({"op": "yield", "shard": 0, "cycle": 4, "rejoin": True}, b"")
     assert header["weight"] == 0 and header["joining"] and a.joining
     joint = torch.zeros(a.spec.layout.total_numel)
-    a.handle({"op": "join", "cycle": 4, "params": {"alpha": 0.1}}, bytearray(joint.numpy().tobytes()))
+    a.handle({"op": "join", "shard": None, "cycle": 4, "params": {"alpha": 0.1}}, bytearray(joint.numpy().tobytes()))
     assert not a.joining and torch.equal(torch.cat([a.shards.read(s) for s in range(2)]), joint)
 
 
