@@ -1,7 +1,7 @@
 """The paper's two regimes in simulation (issue 26, part 3; issue 23's ≈ 100 regime, which this machine cannot
 hold with real agents): every algorithm through the benchmark's own grid (:mod:`mpca.bench.tuning`: the 1:5
 rule's periods and neighbours, EASGD's K r, DiLoCo's outer learning rates, MPCA's α, extended past the grid's
-edge as ``bench compare`` does), each setting over several seeds, at the regime's link and step time
+edge as ``bench compare`` does, up to four points here), each setting over several seeds, at the regime's link and step time
 (:data:`mpca.bench.regimes.REGIMES`), on the benchmark's 1.13 M-parameter MLP and teacher task; the best setting
 of each algorithm and its time to each target, and mpca's ratio to each.  A prediction of the simulator
 (``mpca simulate``'s models: no start-up, no CPU), not a measurement.
@@ -19,7 +19,7 @@ from typing import Dict, List
 
 from mpca.algorithm import build_algorithm
 from mpca.bench.regimes import regime
-from mpca.bench.tuning import EXTEND, beyond, grid
+from mpca.bench.tuning import beyond, grid
 from mpca.sim.command import parse_rate
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.compute import ComputeModel
@@ -56,13 +56,14 @@ def score(entry: Dict[str, object]) -> tuple:
     return (-len(reached), sum(entry["times"][tight]) / len(entry["times"][tight]))
 
 
-def tune(base: SimConfig, name: str, ratio: float, seeds) -> List[Dict[str, object]]:
-    """The benchmark's grid for ``name``, extended past its edge up to EXTEND times; every entry kept."""
+def tune(base: SimConfig, name: str, ratio: float, seeds, extend: int) -> List[Dict[str, object]]:
+    """The benchmark's grid for ``name``, extended past its edge up to ``extend`` times (simulation is cheap:
+    further than ``bench compare``'s two, so that no baseline's optimum is cut off); every entry kept."""
     tried = []
     for label, algo in grid(name, ratio, base.agents):
         tried.append({"label": label, **times_to(base, algo, seeds)})
         print(f"  {name} {label}: {_fmt(tried[-1])}", file=sys.stderr, flush=True)
-    for _ in range(EXTEND):
+    for _ in range(extend):
         i = min(range(len(tried)), key=lambda j: score(tried[j]))
         more = beyond(name, tried, i)
         if more is None:
@@ -108,6 +109,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--max-seconds", type=float, default=120.0, help="virtual seconds per run at most")
     ap.add_argument("--rows", type=int, default=50_000, help="teacher rows per agent")
+    ap.add_argument("--extend", type=int, default=4, help="points past the grid's edge at most, per algorithm")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     seeds = list(range(args.seeds))
@@ -121,7 +123,7 @@ def main(argv=None) -> int:
             base = base_config(name, k, args.max_seconds, args.rows)
             cell = {}
             for algo in args.algorithms.split(","):
-                tried = tune(base, algo, r.ratio, seeds)
+                tried = tune(base, algo, r.ratio, seeds, args.extend)
                 cell[algo] = {"best": min(tried, key=score), "tried": tried}
             result["cells"][key] = cell
             if args.json:
