@@ -139,6 +139,7 @@ def main(argv=None) -> int:
     names = [n for n in registry.names() if n != "single"] if args.algorithms == "all" else args.algorithms.split(",")
     spark, _ = session_for(cfg.cluster, cfg.run.name)
     rows = []
+    scratch = tempfile.TemporaryDirectory(prefix="mpca-faults-")  # each run's checkpoints: nothing left in the checkout
     try:
         for name in names:
             algorithm = cfg.algorithm if name == cfg.algorithm.name else {"name": name}
@@ -148,7 +149,8 @@ def main(argv=None) -> int:
                                          cluster={**cfg.cluster.model_dump(), "master": "existing"},
                                          stop={"max_seconds": args.max_seconds}, progress="off",
                                          eval={"every_cycles": None, "every_seconds": 1.0},
-                                         checkpoint={"dir": None, "init_from": cfg.checkpoint.init_from})
+                                         checkpoint={"dir": os.path.join(scratch.name, f"{name}-{fault}"),
+                                                     "init_from": cfg.checkpoint.init_from})
                 fit = Trainer(faulty(model_fn, fault, args.at_call, args.hang_s), loss_fn, optimizer_fn, settings,
                               spark=spark).fit(job_dataframe(spark, cfg.data))
                 rows.append({"algorithm": name, "fault": fault, "time_to_target_s": time_to(fit.history, args.target),
@@ -156,6 +158,7 @@ def main(argv=None) -> int:
                 print(rows[-1], flush=True)
     finally:
         spark.stop()
+        scratch.cleanup()
     if args.json:
         write_json(args.json, rows)
     print(table(rows, args.target))

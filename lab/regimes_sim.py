@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Dict, List
 
+import torch
+
 from mpca.algorithm import build_algorithm
 from mpca.bench.regimes import regime
 from mpca.bench.tuning import beyond, grid
@@ -111,7 +113,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=50_000, help="teacher rows per agent")
     ap.add_argument("--extend", type=int, default=4, help="points past the grid's edge at most, per algorithm")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (one: several of these side by side run far faster than oversubscribed)")
     args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
     seeds = list(range(args.seeds))
     result = {"targets": list(TARGETS), "seeds": seeds, "rows_per_agent": args.rows, "cells": {}}
     t0 = time.time()
