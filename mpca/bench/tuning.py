@@ -30,6 +30,9 @@ def periods(ratio: float) -> List[int]:
     return sorted({max(1, round(h / 2)), h, 2 * h})
 
 
+DILOCO_OUTER_LRS = (0.5, 1.0)  # DiLoCo's outer learning rates tried besides its default
+
+
 def grid(name: str, ratio: float, agents: int) -> List[Tuple[str, dict]]:
     """The settings of algorithm ``name`` to try in a regime of communication/computation ratio ``ratio``
     with ``agents`` agents: (setting's label, the algorithm's config). One entry (its defaults) for an
@@ -41,7 +44,7 @@ def grid(name: str, ratio: float, agents: int) -> List[Tuple[str, dict]]:
         points = [(f"{PERIODIC[name]}={h}", {"name": name, PERIODIC[name]: h}) for h in hs]
         if name == "diloco":
             h = hs[len(hs) // 2]  # 5 r
-            points += [(f"every={h},outer_lr={lr:g}", {"name": name, "every": h, "outer_lr": lr}) for lr in (0.5, 1.0)]
+            points += [(f"every={h},outer_lr={lr:g}", {"name": name, "every": h, "outer_lr": lr}) for lr in DILOCO_OUTER_LRS]
         return points
     if name == "mpca":
         from mpca.algorithm.schedules import AlphaSchedule
