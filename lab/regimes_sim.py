@@ -21,7 +21,7 @@ import torch
 
 from mpca.algorithm import build_algorithm
 from mpca.bench.regimes import regime
-from mpca.bench.tuning import DILOCO_OUTER_LRS, beyond, grid
+from mpca.bench.tuning import at_best, beyond, grid
 from mpca.sim.command import parse_rate
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.compute import ComputeModel
@@ -72,15 +72,9 @@ def tune(base: SimConfig, name: str, ratio: float, seeds, extend: int) -> List[D
             break
         tried.append({"label": more[0], **times_to(base, more[1], seeds)})
         print(f"  {name} {more[0]} (past the grid's edge): {_fmt(tried[-1])}", file=sys.stderr, flush=True)
-    if name == "diloco":  # the grid tries the outer learning rates at its middle period: again at the best one
-        top = min(tried, key=score)["algorithm"]
-        done = {(t["algorithm"].get("every"), t["algorithm"].get("outer_lr")) for t in tried}
-        for lr in DILOCO_OUTER_LRS:
-            if "outer_lr" not in top and (top["every"], lr) not in done:
-                algo = {**top, "outer_lr": lr}
-                tried.append({"label": f"every={top['every']},outer_lr={lr:g}", **times_to(base, algo, seeds)})
-                print(f"  {name} {tried[-1]['label']} (at the best period): {_fmt(tried[-1])}", file=sys.stderr,
-                      flush=True)
+    for label, algo in at_best(name, tried, min(range(len(tried)), key=lambda j: score(tried[j]))):
+        tried.append({"label": label, **times_to(base, algo, seeds)})  # DiLoCo's outer lrs at the period found
+        print(f"  {name} {label} (at the best period): {_fmt(tried[-1])}", file=sys.stderr, flush=True)
     return tried
 
 

@@ -80,6 +80,18 @@ def _axis(name: str, algo: dict):
     return None
 
 
+def at_best(name: str, tried: Sequence[dict], best_index: int) -> List[Tuple[str, dict]]:
+    """The settings the grid tries at its middle period only, again at the best period found when that is
+    another (DiLoCo's outer learning rates: the extension past the grid's edge moves the period, and a period
+    of a different length wants its own outer step), those not tried yet: (label, algorithm config)."""
+    top = tried[best_index]["algorithm"]
+    if name != "diloco" or "outer_lr" in top:
+        return []
+    done = {(p["algorithm"].get("every"), p["algorithm"].get("outer_lr")) for p in tried}
+    return [(f"every={top['every']},outer_lr={lr:g}", {**top, "outer_lr": lr})
+            for lr in DILOCO_OUTER_LRS if (top["every"], lr) not in done]
+
+
 def beyond(name: str, tried: Sequence[dict], best_index: int):
     """The next setting past the grid's edge when the best of ``tried`` (dicts with ``algorithm``) lies on
     it along the main axis, else None: (label, algorithm config)."""

@@ -142,3 +142,17 @@ def test_each_wire_format_is_its_own_row_measured_against_mpca_in_the_same_forma
                   "sync@fp32": result(60.0, 8.0), "sync@int8": result(45.0, 2.0)}, [0.3]).set_index("algorithm")
     assert rows.loc["sync@int8", "t(30%)/mpca"] == 1.5 and rows.loc["sync@fp32", "t(30%)/mpca"] == 1.5
     assert rows.loc["mpca@int8", "MB per cycle"] == 2.0 and rows.loc["mpca@fp32", "MB per cycle"] == 8.0
+
+def test_diloco_s_outer_learning_rates_are_tried_again_at_the_best_period_found():
+    from mpca.bench.tuning import at_best
+
+    diloco = [{"algorithm": a} for _, a in grid("diloco", 12, 4)]  # every = 30, 60, 120; 60 with outer 0.5, 1
+    assert at_best("diloco", diloco, 1) == []  # the middle period: its variants are in the grid
+    assert at_best("diloco", diloco, 3) == []  # an outer-lr variant is the best: nothing to add
+    past = diloco + [{"algorithm": {"name": "diloco", "every": 15}}]
+    assert at_best("diloco", past, 5) == [("every=15,outer_lr=0.5", {"name": "diloco", "every": 15, "outer_lr": 0.5}),
+                                          ("every=15,outer_lr=1", {"name": "diloco", "every": 15, "outer_lr": 1.0})]
+    past.append({"algorithm": {"name": "diloco", "every": 15, "outer_lr": 0.5}})
+    assert [s for s, _ in at_best("diloco", past, 5)] == ["every=15,outer_lr=1"]  # only those not tried yet
+    sync = [{"algorithm": a} for _, a in grid("sync", 12, 4)]
+    assert at_best("sync", sync, 0) == []
