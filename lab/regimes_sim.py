@@ -58,6 +58,11 @@ def score(entry: Dict[str, object]) -> tuple:
     return (-len(reached), sum(entry["times"][tight]) / len(entry["times"][tight]))
 
 
+def best_index(tried: List[Dict[str, object]]) -> int:
+    """Index of the best of ``tried`` by :func:`score`."""
+    return min(range(len(tried)), key=lambda j: score(tried[j]))
+
+
 def tune(base: SimConfig, name: str, ratio: float, seeds, extend: int) -> List[Dict[str, object]]:
     """The benchmark's grid for ``name``, extended past its edge up to ``extend`` times (simulation is cheap:
     further than ``bench compare``'s two, so that no baseline's optimum is cut off); every entry kept."""
@@ -66,13 +71,12 @@ def tune(base: SimConfig, name: str, ratio: float, seeds, extend: int) -> List[D
         tried.append({"label": label, **times_to(base, algo, seeds)})
         print(f"  {name} {label}: {_fmt(tried[-1])}", file=sys.stderr, flush=True)
     for _ in range(extend):
-        i = min(range(len(tried)), key=lambda j: score(tried[j]))
-        more = beyond(name, tried, i)
+        more = beyond(name, tried, best_index(tried))
         if more is None:
             break
         tried.append({"label": more[0], **times_to(base, more[1], seeds)})
         print(f"  {name} {more[0]} (past the grid's edge): {_fmt(tried[-1])}", file=sys.stderr, flush=True)
-    for label, algo in at_best(name, tried, min(range(len(tried)), key=lambda j: score(tried[j]))):
+    for label, algo in at_best(name, tried, best_index(tried)):
         tried.append({"label": label, **times_to(base, algo, seeds)})  # DiLoCo's outer lrs at the period found
         print(f"  {name} {label} (at the best period): {_fmt(tried[-1])}", file=sys.stderr, flush=True)
     return tried
@@ -132,7 +136,7 @@ def main(argv=None) -> int:
             cell = {}
             for algo in args.algorithms.split(","):
                 tried = tune(base, algo, r.ratio, seeds, args.extend)
-                cell[algo] = {"best": min(tried, key=score), "tried": tried}
+                cell[algo] = {"best": tried[best_index(tried)], "tried": tried}
             result["cells"][key] = cell
             if args.json:
                 with open(args.json, "w", encoding="utf-8") as f:

@@ -143,6 +143,7 @@ def test_each_wire_format_is_its_own_row_measured_against_mpca_in_the_same_forma
     assert rows.loc["sync@int8", "t(30%)/mpca"] == 1.5 and rows.loc["sync@fp32", "t(30%)/mpca"] == 1.5
     assert rows.loc["mpca@int8", "MB per cycle"] == 2.0 and rows.loc["mpca@fp32", "MB per cycle"] == 8.0
 
+
 def test_diloco_s_outer_learning_rates_are_tried_again_at_the_best_period_found():
     from mpca.bench.tuning import at_best
 
