@@ -98,8 +98,10 @@ class Trainer:
             from pyspark.ml.functions import vector_to_array
 
             df = df.withColumn(d.features, vector_to_array(d.features, "float32"))
-        if d.holdout > 0:
-            train, hold = df.randomSplit([1.0 - d.holdout, d.holdout], seed=self.settings.seed)
+        if d.holdout > 0:  # by the rows' content: no per-partition sort as randomSplit needs (mpca.data.split)
+            from mpca.data.split import hash_split
+
+            train, hold = hash_split(df, d.features, d.label, d.holdout, self.settings.seed)
         else:
             train, hold = df, df.limit(0)
         from mpca.compat import to_arrow

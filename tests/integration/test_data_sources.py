@@ -109,3 +109,26 @@ def test_the_teacher_task_is_the_same_rows_on_every_partitioning(spark):
         assert df.rdd.getNumPartitions() == partitions
         x, y = tensors(to_arrow(df), "features", "label", (8,))
         assert np.array_equal(x.numpy(), expected_x) and np.array_equal(y.numpy(), expected_y), partitions
+
+
+def test_the_holdout_split_depends_on_each_rows_content_not_on_partitioning_or_order(spark):
+    """mpca.data.split: 2 or 5 partitions, rows in either order — the same holdout rows, ≈ the fraction, the two
+    sides disjoint and together every row; another seed, another split."""
+    from pyspark.sql import functions as F
+
+    from mpca.compat import to_arrow
+    from mpca.data.checks import tensors
+    from mpca.data.split import hash_split
+    from mpca.data.synthetic import TeacherTask
+
+    task = TeacherTask(rows=20_000, features=8, hidden=16, seed=3)
+
+    def sides(df, seed=0):
+        train, hold = hash_split(df, "features", "label", 0.1, seed)
+        return [{tuple(r) for r in tensors(to_arrow(side), "features", "label", (8,))[0].numpy().tolist()}
+                for side in (train, hold)]
+
+    train, hold = sides(task.dataframe(spark, 2))
+    assert 1_800 <= len(hold) <= 2_200 and not train & hold and len(train | hold) == task.rows
+    assert sides(task.dataframe(spark, 5).orderBy(F.desc("label")))[1] == hold
+    assert sides(task.dataframe(spark, 2), seed=1)[1] != hold

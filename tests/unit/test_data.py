@@ -61,3 +61,11 @@ def test_wrong_width_is_a_clear_error():
     bad = pa.table({"features": pa.array(["a"]), "label": pa.array([1])})
     with pytest.raises(ValueError, match="unsupported feature column"):
         batches_to_tensors(bad.to_batches(), "features", "label", (1,))
+
+
+def test_the_holdout_is_the_hash_buckets_below_its_fraction():
+    from mpca.data.split import BUCKETS, holdout_cut
+
+    assert holdout_cut(0.01) == BUCKETS // 100 and holdout_cut(0.0) == 0
+    with pytest.raises(ValueError):
+        holdout_cut(1.0)
