@@ -48,6 +48,7 @@ class FitResult:
     driver_rule: DriverRule  # the algorithm's driver side after the run (its joint model and state)
     agents_up_s: Optional[float] = None  # wall time (same clock as the history) when every agent had answered
     first_exchange_s: Optional[float] = None  # when the first cycle had handed agents a shard of the joint model
+    prepare_s: Optional[float] = None  # the driver's work between fit's call and the clock's 0 (split, holdout, checks)
 
 
 class Trainer:
@@ -171,9 +172,10 @@ class Trainer:
         from mpca.runtime.run import AgentRun
         from mpca.stopping import StopRules
 
-        from mpca.data.checks import check_dataframe
+        from mpca.data.checks import NO_ROWS, check_dataframe, labels_problem
         from mpca.runtime.cluster import require_classic
 
+        called = time.time()
         st = self.settings
         spark = self._session()
         require_classic(spark)  # before any job: Spark Connect has no RDDs for agents
@@ -184,16 +186,20 @@ class Trainer:
         ck = self._restore(model, specs)
         first_cycle, prior_wall = (ck.cycle, ck.wall_s) if ck else (0, 0.0)
         train_df, hx, hy = self._split(df)
-        d = st.data  # empty data, bad labels, a model or loss that cannot take the rows: one line, no agent started
-        check_dataframe(train_df, d.features, d.label, d.input_shape, self.model_fn, self.loss_fn, self.optimizer_fn)
+        d = st.data  # the first rows: empty data, bad labels, a model or loss that cannot take them — one line
+        classes = check_dataframe(train_df, d.features, d.label, d.input_shape, self.model_fn, self.loss_fn,
+                                  self.optimizer_fn, full=False)  # the first rows: each agent checks all of its own
+        problem = labels_problem(hy, classes, d.label)  # the holdout is on the driver: all of it
+        if problem:
+            raise UserError(f"{problem} (found in the holdout rows)")
         calibration = self._calibration(model, train_df)
         if hasattr(self.on_cycle, "start"):  # a tracker (mpca.tracking): params before the run
             self.on_cycle.start(st)
         run = AgentRun(spark, train_df, model=model, model_fn=self.model_fn, loss_fn=self.loss_fn,
                        optimizer_fn=self.optimizer_fn, settings=st, driver_state=ck.driver_state if ck else None,
-                       pending=ck.pending if ck else None, wire_state=ck.wire if ck else None)
+                       pending=ck.pending if ck else None, wire_state=ck.wire if ck else None, classes=classes)
         t0 = time.time() - prior_wall
-        out = _Outcome(history=[], first_cycle=first_cycle, t0=t0, cycles=first_cycle)
+        out = _Outcome(history=[], first_cycle=first_cycle, t0=t0, cycles=first_cycle, prepare_s=time.time() - called)
         stop = StopRules(st.stop, t0, self.stop_requested)
         progress = Progress(st.progress, st.stop.target_error)
         evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, hx, hy, self.loss_fn, calibration)
@@ -204,6 +210,8 @@ class Trainer:
             with run:
                 out.agents_up_s = time.time() - t0
                 rows = sum(int(r.rows or 0) for r in run.agent_info.values())
+                if rows == 0 and not st.training.elastic:  # the first rows the driver saw were all held out
+                    raise UserError(NO_ROWS)
                 rate = SampleRate()
                 rate.observe(run.agent_info)  # the agents' counts at start: a rate from the first cycle on
                 c, last_eval, eval_wanted = first_cycle, time.time(), False
@@ -287,7 +295,7 @@ class Trainer:
                          agents=run.summaries, cycles=out.cycles, wall_s=wall, stop_reason=stop_reason, final=final,
                          run_id=run.run_id, algorithm=self.settings.algorithm.name, layout=run.layout.describe(),
                          first_cycle=out.first_cycle, counters=run.counters(), driver_rule=run.rule,
-                         agents_up_s=out.agents_up_s, first_exchange_s=out.first_exchange_s)
+                         agents_up_s=out.agents_up_s, first_exchange_s=out.first_exchange_s, prepare_s=out.prepare_s)
 
 
 @dataclass
@@ -302,3 +310,4 @@ class _Outcome:
     winner: Optional[List[torch.Tensor]] = None  # the evaluated snapshot that met the target
     agents_up_s: Optional[float] = None
     first_exchange_s: Optional[float] = None
+    prepare_s: Optional[float] = None

@@ -212,7 +212,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
             "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None, "figures": figures(fit.history),
             "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None,
             "samples_per_s": _samples_per_s(fit), "cpu": cpu, "agents_up_s": fit.agents_up_s,
-            "first_exchange_s": fit.first_exchange_s,
+            "first_exchange_s": fit.first_exchange_s, "prepare_s": fit.prepare_s,
             "emulation": device_check(fit.agents, cpu, settings.training.device_step_s)}
 
 
@@ -308,7 +308,8 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
             row["emulated devices"] = verdict(r["emulation"])  # INVALID: not a result (agents behind T, CPU full)
         row.update({"final error %": 100 * r["final_error"], "MB moved": r["bytes"] / 1e6,
                     "MB per cycle": r["bytes_per_cycle"] / 1e6,
-                    "duty cycle": r["duty_cycle"], "start-up s": _nan(r.get("agents_up_s")),
+                    "duty cycle": r["duty_cycle"], "driver prep s": _nan(r.get("prepare_s")),
+                    "start-up s": _nan(r.get("agents_up_s")),
                     "first exchange s": _nan(r.get("first_exchange_s")), "samples/s": r.get("samples_per_s", math.nan),
                     "agents' cores": r.get("cpu", {}).get("agents", math.nan)})
         row.update({k.replace("_", " "): r.get("figures", {}).get(k, math.nan)
@@ -374,8 +375,10 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                           "after_start_up_s": after_start_up(runs, targets[-1]),
                           "cpu": {k: statistics.median(r["cpu"][k] for r in runs) for k in first["cpu"]},
                           "emulation": [r["emulation"] for r in runs],
-                          "runs": [{"sequence": r["sequence"], "agents_up_s": r["agents_up_s"],
-                                    "first_exchange_s": r["first_exchange_s"], "wall_s": r["wall_s"],
+                          "prepare_s": _median([_nan(r.get("prepare_s")) for r in runs]),
+                          "runs": [{"sequence": r["sequence"], "prepare_s": r.get("prepare_s"),
+                                    "agents_up_s": r["agents_up_s"], "first_exchange_s": r["first_exchange_s"],
+                                    "wall_s": r["wall_s"],
                                     "time_to": {str(t): r["time_to"][t] for t in targets}} for r in runs]}
     tab = table(results, targets)
     tab.to_csv(os.path.join(out, "compare.csv"), index=False)
@@ -391,8 +394,8 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
         "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
                                                   "bytes_per_cycle",
                                                   "duty_cycle", "repeats", "figures", "samples_per_s", "cpu",
-                                                  "emulation", "setting", "grid", "spread", "agents_up_s",
-                                                  "first_exchange_s", "after_start_up_s", "runs")}
+                                                  "emulation", "setting", "grid", "spread", "prepare_s",
+                                                  "agents_up_s", "first_exchange_s", "after_start_up_s", "runs")}
                        | {"time_to": {str(t): r["time_to"][t] for t in targets},
                           "time_range": {str(t): list(r["time_range"][t]) for t in targets}}
                        for label, r in results.items()},

@@ -26,7 +26,7 @@ import torch
 from mpca.algorithm import AgentContext, AgentRule, Algorithm, ShardLayout, build_algorithm
 from mpca.algorithm.wire import Codec, ErrorFeedback
 from mpca.config import DataSection, TrainingSection, WireSection
-from mpca.data.checks import label_counts
+from mpca.data.checks import label_counts, labels_problem
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError, listen
 from mpca.runtime.reports import AgentReport
@@ -59,6 +59,7 @@ class AgentSpec:
     max_payload: int = 8 * 1024 ** 3
     service: Optional[Tuple[str, int]] = None  # the driver's parameter service, for agent-initiated algorithms
     rendezvous: Dict[str, Any] = field(default_factory=dict)
+    classes: Optional[int] = None  # the model's class count for class-index labels: every agent checks its rows
 
     @property
     def codec(self) -> Codec:
@@ -177,7 +178,10 @@ class Agent:
         self.last_loss = float("nan")
         self.claimed_tokens = collections.deque(maxlen=64)  # one claim per token (a cycle has a token per task kind)
         self.last_contact = time.time()
-        self.error: Optional[str] = None
+        # the driver checked the first rows only; this agent's rows are all here: refused before it serves
+        problem = labels_problem(labels, spec.classes, spec.data.label)
+        self.error: Optional[str] = problem and f"{problem} (found in agent {agent_id}'s rows)"
+        self.user_error = self.error is not None  # the user's to fix: one line, no traceback
         self.stop_requested = False
         self.leaving = False
         self.started = time.time()
@@ -263,6 +267,8 @@ class Agent:
         return training.device_step_s / training.device_speed.get(self.id, 1.0)
 
     def train_forever(self) -> None:
+        if self.error:  # its rows were refused: it answers until stopped, so that the driver says why
+            return
         n = self.features.shape[0]
         gen = torch.Generator().manual_seed(self.spec.seed + 7919 * self.id)
         bs = self.spec.training.batch_size
@@ -368,7 +374,8 @@ class Agent:
     def report(self, **kw) -> AgentReport:
         return AgentReport(agent=self.id, executor=self.executor, pid=os.getpid(), device=str(self.device),
                            gpu=self.gpu_addresses, rows=int(self.features.shape[0]), steps=self.steps,
-                           samples=self.samples, error=self.error, resets=self.resets, attempt=self.attempt,
+                           samples=self.samples, error=self.error, user_error=self.user_error, resets=self.resets,
+                           attempt=self.attempt,
                            joining=self.joining, lost=self.lost, **kw)
 
     def _settle(self, cycle: Optional[int], counted: Optional[List[int]]) -> None:

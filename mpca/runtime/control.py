@@ -2,16 +2,23 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Callable, Dict, Optional
 
-from mpca.errors import RunFailedError
+from mpca.errors import RunFailedError, UserError
 from mpca.runtime.jobs import ExchangeJobs
 from mpca.runtime.reports import AgentReport
 
 log = logging.getLogger("mpca.pipeline")
 
 STOP_ATTEMPTS = 6
+# How long one hello task waits for its executor's agent to listen (it listens once its data is loaded).  A
+# task ends the moment its agent answers, so a long wait costs nothing; a short one missed agents that took
+# a little longer and paid a whole new job for them — on this 2-core machine with 4 agents, start-up went from
+# ~9 s to 16-20 s whenever the agents needed a little over the 10 s this used to be.  The driver watches the
+# agents' job meanwhile and cancels the hello as soon as that job ends (an error every agent hit).
+HELLO_WAIT_S = 60.0
 
 
 def hello(jobs: ExchangeJobs, expected: int, timeout_s: float, agent_job_alive: Callable[[], bool],
@@ -37,12 +44,16 @@ def hello(jobs: ExchangeJobs, expected: int, timeout_s: float, agent_job_alive: 
         # fewer agents than executors: some executor has none, so reach every executor at once and let the
         # tasks that find no agent give up soon, rather than waiting 10 s on an agent-less executor
         sparse = expected < jobs.executors
-        plan = jobs.plan(f"hello{attempt}", "hello", wait_for_agent_s=2.0 if sparse or enough_since else 10.0)
-        res = jobs.run(plan, jobs.spread(expected, 1 if sparse else attempt), None,
-                       f"mpca: waiting for agents (attempt {attempt})")
+        wait = 2.0 if sparse or enough_since else max(2.0, min(HELLO_WAIT_S, deadline - time.time()))
+        plan = jobs.plan(f"hello{attempt}", "hello", wait_for_agent_s=wait)
+        res = _while_alive(lambda: jobs.run(plan, jobs.spread(expected, 1 if sparse else attempt), None,
+                                            f"mpca: waiting for agents (attempt {attempt})"),
+                           agent_job_alive, lambda: jobs.sc.cancelJobGroup(jobs.job_group))
+        if res is None:
+            raise RunFailedError(f"the agents' Spark job ended before all agents came up: {why_ended()}")
         for a, e in res.agents.items():
             if e.error:
-                raise RunFailedError(f"agent {a} failed: {e.error}")
+                raise UserError(e.error) if e.user_error else RunFailedError(f"agent {a} failed: {e.error}")
             seen[a] = e
             jobs.roster.pids[a] = e.pid
         attempt += 1
@@ -52,6 +63,29 @@ def hello(jobs: ExchangeJobs, expected: int, timeout_s: float, agent_job_alive: 
                  all_agents, later)
     jobs.roster.reset(seen, later=later)
     return seen
+
+
+def _while_alive(job: Callable, alive: Callable[[], bool], cancel: Callable[[], None], poll_s: float = 0.2):
+    """``job()``'s result, run in a thread while ``alive()`` holds; None (the job cancelled) once it no longer does."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["result"] = job()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            out["error"] = e
+
+    thread = threading.Thread(target=run, name="mpca-hello", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(poll_s)
+        if thread.is_alive() and not alive():
+            cancel()
+            thread.join(30)
+            return None
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
 
 
 def status(jobs: ExchangeJobs) -> Dict[int, AgentReport]:

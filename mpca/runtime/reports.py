@@ -40,6 +40,7 @@ class AgentReport:
     lost: int = 0  # contributions it yielded that never reached the reduction (their weight carried over)
     extra: Dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
+    user_error: bool = False  # ``error`` is one line for the user (e.g. its rows' labels), not a failure
     exchange_cpu_s: Optional[float] = None  # CPU seconds of the exchange task's Python thread
     bytes_up: Optional[int] = None  # bytes of the shard it yielded, as sent (in the run's wire format)
     bytes_down: Optional[int] = None  # bytes of the broadcast it was handed, as sent

@@ -37,7 +37,8 @@ class AgentRun:
 
     def __init__(self, spark, train_df, *, model: torch.nn.Module, model_fn, loss_fn, optimizer_fn,
                  settings: Settings, driver_state: Optional[Dict[str, Any]] = None,
-                 pending: Optional[Dict[str, Any]] = None, wire_state: Optional[Dict[str, Any]] = None):
+                 pending: Optional[Dict[str, Any]] = None, wire_state: Optional[Dict[str, Any]] = None,
+                 classes: Optional[int] = None):
         cluster.require_classic(spark)
         self.settings = settings
         algo, training = settings.algorithm, settings.training
@@ -64,7 +65,7 @@ class AgentRun:
                               algorithm=algo, training=training, data=settings.data, wire=settings.wire,
                               seed=settings.seed, max_payload=max_payload,
                               service=self.service.address if self.service else None,
-                              rendezvous=self.rule.rendezvous(host, settings.cluster.service_port))
+                              rendezvous=self.rule.rendezvous(host, settings.cluster.service_port), classes=classes)
         self.profile = cluster.agent_resource_profile(use_gpus, pinned=self.shape.agent_slots_per_executor > 0)
         self.job = AgentJob(self.sc, self.run_id)
         self.timeline = Timeline(training.timeline_window)  # the last cycles in memory, the rest on disk

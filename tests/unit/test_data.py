@@ -69,3 +69,15 @@ def test_the_holdout_is_the_hash_buckets_below_its_fraction():
     assert holdout_cut(0.01) == BUCKETS // 100 and holdout_cut(0.0) == 0
     with pytest.raises(ValueError):
         holdout_cut(1.0)
+
+
+def test_an_agent_refuses_labels_below_zero_or_past_the_models_classes_in_one_line():
+    import torch
+
+    from mpca.data.checks import labels_problem
+
+    assert labels_problem(torch.tensor([0, 3, 9]), 10, "label") is None
+    assert labels_problem(torch.tensor([0, 3, 29]), 10, "label").startswith("labels reach 29 but the model outputs 10")
+    assert "negative values (min -1)" in labels_problem(torch.tensor([-1, 2]), 10, "y")
+    assert labels_problem(torch.tensor([0.5, 40.0]), None, "label") is None  # regression targets: no class count
+    assert labels_problem(torch.tensor([], dtype=torch.int64), 10, "label") is None  # an empty partition

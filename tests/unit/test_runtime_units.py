@@ -219,3 +219,30 @@ def test_a_handed_in_contribution_joins_the_next_reduction_of_its_shard_if_the_d
     rec = CycleRecord(1, 0, None, t_submit=0.0)
     assert pipe._with_handed_in(0, from_exchange, rec) is from_exchange and rec.handed_in == []  # taken once
     pipe.close()
+
+
+def test_the_start_handshake_is_cancelled_the_moment_the_agents_job_ends(monkeypatch):
+    """hello's tasks wait long for agents still loading data (control.HELLO_WAIT_S); when the agents' job ends
+    meanwhile (an error every agent hit) the driver cancels the handshake at once and says why."""
+    import threading
+    import time
+    import types
+
+    from mpca.errors import RunFailedError
+    from mpca.runtime import control
+
+    p = _pipeline(executors=2)
+    cancelled, waits = threading.Event(), []
+
+    def blocked(plan, tasks, bc, description, purpose="control"):
+        waits.append(plan.wait_for_agent_s)
+        cancelled.wait(20)  # a Spark job whose tasks wait for agents that never listen
+        raise RuntimeError("job cancelled")
+
+    monkeypatch.setattr(p.jobs, "run", blocked)
+    monkeypatch.setattr(p.jobs, "sc", types.SimpleNamespace(cancelJobGroup=lambda group: cancelled.set()))
+    ended_at = time.time() + 0.5
+    t = time.time()
+    with pytest.raises(RunFailedError, match="ended before all agents came up: no module named team_models"):
+        control.hello(p.jobs, 2, 300.0, lambda: time.time() < ended_at, lambda: "no module named team_models")
+    assert time.time() - t < 3 and cancelled.is_set() and waits == [control.HELLO_WAIT_S]
