@@ -210,7 +210,7 @@ class Trainer:
             with run:
                 out.agents_up_s = time.time() - t0
                 rows = sum(int(r.rows or 0) for r in run.agent_info.values())
-                if rows == 0 and not st.training.elastic:  # the first rows the driver saw were all held out
+                if rows == 0 and not st.training.elastic:  # every row went to the holdout (a tiny data set)
                     raise UserError(NO_ROWS)
                 rate = SampleRate()
                 rate.observe(run.agent_info)  # the agents' counts at start: a rate from the first cycle on
