@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, List, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -49,6 +49,7 @@ class FitResult:
     agents_up_s: Optional[float] = None  # wall time (same clock as the history) when every agent had answered
     first_exchange_s: Optional[float] = None  # when the first cycle had handed agents a shard of the joint model
     prepare_s: Optional[float] = None  # the driver's work between fit's call and the clock's 0 (split, holdout, checks)
+    startup: Dict[int, Dict[str, float]] = field(default_factory=dict)  # per agent: AgentRun.startup_phases
 
 
 class Trainer:
@@ -209,6 +210,7 @@ class Trainer:
                 evaluator.submit(run.joint_vectors(), -1, time.time() - t0, {}, 0.0, run.metrics)
             with run:
                 out.agents_up_s = time.time() - t0
+                out.startup = run.startup_phases(t0)
                 rows = sum(int(r.rows or 0) for r in run.agent_info.values())
                 if rows == 0 and not st.training.elastic:  # every row went to the holdout (a tiny data set)
                     raise UserError(NO_ROWS)
@@ -295,7 +297,8 @@ class Trainer:
                          agents=run.summaries, cycles=out.cycles, wall_s=wall, stop_reason=stop_reason, final=final,
                          run_id=run.run_id, algorithm=self.settings.algorithm.name, layout=run.layout.describe(),
                          first_cycle=out.first_cycle, counters=run.counters(), driver_rule=run.rule,
-                         agents_up_s=out.agents_up_s, first_exchange_s=out.first_exchange_s, prepare_s=out.prepare_s)
+                         agents_up_s=out.agents_up_s, first_exchange_s=out.first_exchange_s, prepare_s=out.prepare_s,
+                         startup=out.startup)
 
 
 @dataclass
@@ -311,3 +314,4 @@ class _Outcome:
     agents_up_s: Optional[float] = None
     first_exchange_s: Optional[float] = None
     prepare_s: Optional[float] = None
+    startup: Dict[int, Dict[str, float]] = field(default_factory=dict)

@@ -123,6 +123,16 @@ def _median(values: List[float]) -> float:
     return statistics.median(vals) if len(vals) == len(values) and vals else math.nan
 
 
+STARTUP_PHASES = ("task_started_s", "data_s", "build_s")  # FitResult.startup's per-agent phases
+
+
+def startup_medians(fit) -> Dict[str, float]:
+    """The median over the agents of each start-up phase: when its Spark task started (on the run's clock),
+    its data read and its build (seconds); NaN for a phase no agent reported."""
+    return {k: _median([_nan(p.get(k)) for p in fit.startup.values()]) if fit.startup else math.nan
+            for k in STARTUP_PHASES}
+
+
 def after_start_up(runs: List[dict], target: float) -> float:
     """The median over ``runs`` of the time to ``target`` counted from the moment every agent was up
     (``time_to[target] − agents_up_s`` per run; NaN unless every run reached it).  Start-up (agents' processes
@@ -212,7 +222,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
             "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None, "figures": figures(fit.history),
             "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None,
             "samples_per_s": _samples_per_s(fit), "cpu": cpu, "agents_up_s": fit.agents_up_s,
-            "first_exchange_s": fit.first_exchange_s, "prepare_s": fit.prepare_s,
+            "first_exchange_s": fit.first_exchange_s, "prepare_s": fit.prepare_s, "startup": startup_medians(fit),
             "emulation": device_check(fit.agents, cpu, settings.training.device_step_s)}
 
 
@@ -309,6 +319,8 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
         row.update({"final error %": 100 * r["final_error"], "MB moved": r["bytes"] / 1e6,
                     "MB per cycle": r["bytes_per_cycle"] / 1e6,
                     "duty cycle": r["duty_cycle"], "driver prep s": _nan(r.get("prepare_s")),
+                    "tasks started s": _nan(r.get("startup", {}).get("task_started_s")),
+                    "data read s": _nan(r.get("startup", {}).get("data_s")),
                     "start-up s": _nan(r.get("agents_up_s")),
                     "first exchange s": _nan(r.get("first_exchange_s")), "samples/s": r.get("samples_per_s", math.nan),
                     "agents' cores": r.get("cpu", {}).get("agents", math.nan)})
@@ -376,7 +388,8 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                           "cpu": {k: statistics.median(r["cpu"][k] for r in runs) for k in first["cpu"]},
                           "emulation": [r["emulation"] for r in runs],
                           "prepare_s": _median([_nan(r.get("prepare_s")) for r in runs]),
-                          "runs": [{"sequence": r["sequence"], "prepare_s": r.get("prepare_s"),
+                          "startup": {k: _median([_nan(r["startup"].get(k)) for r in runs]) for k in STARTUP_PHASES},
+                          "runs": [{"sequence": r["sequence"], "prepare_s": r.get("prepare_s"), "startup": r["startup"],
                                     "agents_up_s": r["agents_up_s"], "first_exchange_s": r["first_exchange_s"],
                                     "wall_s": r["wall_s"],
                                     "time_to": {str(t): r["time_to"][t] for t in targets}} for r in runs]}
@@ -394,7 +407,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
         "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
                                                   "bytes_per_cycle",
                                                   "duty_cycle", "repeats", "figures", "samples_per_s", "cpu",
-                                                  "emulation", "setting", "grid", "spread", "prepare_s",
+                                                  "emulation", "setting", "grid", "spread", "prepare_s", "startup",
                                                   "agents_up_s", "first_exchange_s", "after_start_up_s", "runs")}
                        | {"time_to": {str(t): r["time_to"][t] for t in targets},
                           "time_range": {str(t): list(r["time_range"][t]) for t in targets}}

@@ -149,7 +149,8 @@ class Agent:
     """A local replica, its training loop, and the algorithm's agent rule called around every step."""
 
     def __init__(self, spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
-                 gpu_addresses: Optional[List[str]] = None, attempt: int = 0, data_on_host: bool = False):
+                 gpu_addresses: Optional[List[str]] = None, attempt: int = 0, data_on_host: bool = False,
+                 task_started: Optional[float] = None, data_loaded: Optional[float] = None):
         self.spec = spec
         self.id = agent_id
         self.attempt = attempt
@@ -187,6 +188,8 @@ class Agent:
         self.started = time.time()
         self._rate_mark = (time.time(), 0)
         self.executor = placement.executor_id()
+        # its start-up on its own clock (task start -> data loaded -> built), told to the driver with its hello
+        self._startup = (task_started or self.started, data_loaded or self.started, time.time())
         self.service = None  # the parameter service (agent-initiated algorithms)
         self._leave_watch = None  # the driver's service asked once a second whether to leave (the others)
         self.last_params: dict = {}  # the latest cycle's parameters (α, the round), for a hand-in
@@ -371,6 +374,12 @@ class Agent:
                 "exchange_s": self.exchange_s, "alive_s": now - self.started, "attempt": self.attempt,
                 **self.device_clock.counters()}
 
+    def startup(self) -> Dict[str, float]:
+        """Seconds on this agent's clock: its data read (task start to rows loaded), building its model and
+        channels, and since its task started (the driver subtracts that from when the answer came)."""
+        start, loaded, built = self._startup
+        return {"data_s": loaded - start, "build_s": built - loaded, "since_start_s": time.time() - start}
+
     def report(self, **kw) -> AgentReport:
         return AgentReport(agent=self.id, executor=self.executor, pid=os.getpid(), device=str(self.device),
                            gpu=self.gpu_addresses, rows=int(self.features.shape[0]), steps=self.steps,
@@ -435,7 +444,7 @@ class Agent:
                 if token in self.claimed_tokens:
                     return {"ok": False, "agent": self.id}, None
                 self.claimed_tokens.append(token)
-            extra = {"labels": self.label_counts} if header.get("for") == "hello" else {}  # its data, once
+            extra = {"labels": self.label_counts, "startup": self.startup()} if header.get("for") == "hello" else {}
             return {"ok": True, **self.report(**extra).to_dict()}, None
         params = header.get("params") or {}
         cycle = header.get("cycle")
@@ -551,7 +560,8 @@ def _np_dtype(dtype: torch.dtype):
 
 def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
               gpu_addresses: Optional[List[str]] = None, attempt: int = 0, slot: Optional[str] = None,
-              data_on_host: bool = False) -> dict:
+              data_on_host: bool = False, task_started: Optional[float] = None,
+              data_loaded: Optional[float] = None) -> dict:
     """Run one agent in this Spark task until the driver says stop; return its summary.
 
     Takes an exclusive lock per (executor, device slot) so that a retried agent
@@ -569,7 +579,7 @@ def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: to
     sock_path = placement.agent_socket(spec.run_id, agent_id)
     srv = agent = None
     try:
-        agent = Agent(spec, agent_id, features, labels, gpu_addresses, attempt, data_on_host)
+        agent = Agent(spec, agent_id, features, labels, gpu_addresses, attempt, data_on_host, task_started, data_loaded)
         srv = listen(sock_path)
         server = threading.Thread(target=agent.serve, args=(srv,), daemon=True)
         server.start()

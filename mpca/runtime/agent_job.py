@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import threading
+import time
 import traceback
 from typing import Iterator, List, Optional
 
@@ -27,6 +28,7 @@ SUMMARY_SCHEMA = "summary string"
 
 
 def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    started = time.time()
     import torch
     from pyspark import TaskContext
 
@@ -41,10 +43,12 @@ def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.
     part = None
     try:
         part = load_partition(batches, features, label, spec.data.input_shape, spec.data.agent_memory_mb)
+        loaded = time.time()
         # a retry within the stage attempt is a replacement; one in a resubmitted stage (lost shuffle input)
         # restarts at attempt 0, and the driver recognises it by its new process (see ExchangePlan.pids)
         summary = run_agent(spec, agent_id, part.features, part.labels, gpus, attempt=tc.attemptNumber(),
-                            slot=slots[0] if slots else None, data_on_host=part.spilled)
+                            slot=slots[0] if slots else None, data_on_host=part.spilled, task_started=started,
+                            data_loaded=loaded)
     except Exception:  # reported, not raised: a user error must not be retried maxFailures times
         summary = {"agent": agent_id, "error": f"agent {agent_id} could not start:\n{traceback.format_exc()}"}
     finally:

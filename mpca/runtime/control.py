@@ -51,7 +51,10 @@ def hello(jobs: ExchangeJobs, expected: int, timeout_s: float, agent_job_alive: 
                            agent_job_alive, lambda: jobs.sc.cancelJobGroup(jobs.job_group))
         if res is None:
             raise RunFailedError(f"the agents' Spark job ended before all agents came up: {why_ended()}")
+        received = time.time()
         for a, e in res.agents.items():
+            if e.startup and "since_start_s" in e.startup:  # its task's start on the driver's clock (no skew)
+                e.startup["task_started_at"] = received - e.startup["since_start_s"]
             if e.error:
                 raise UserError(e.error) if e.user_error else RunFailedError(f"agent {a} failed: {e.error}")
             seen[a] = e

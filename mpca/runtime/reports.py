@@ -23,6 +23,7 @@ class AgentReport:
     gpu: List[str] = field(default_factory=list)
     rows: Optional[int] = None
     labels: Optional[Dict[str, int]] = None  # rows per class label in its data (sent with "hello" only)
+    startup: Optional[Dict[str, float]] = None  # its start-up phases (Agent.startup; with "hello" only)
     steps: Optional[int] = None
     samples: Optional[int] = None
     steps_per_s: Optional[float] = None

@@ -104,6 +104,17 @@ class AgentRun:
                  self.layout.describe(), self.settings.algorithm.name)
         return self
 
+    def startup_phases(self, t0: float) -> Dict[int, Dict[str, float]]:
+        """Per agent, on the run's clock (``t0`` its 0): when its Spark task started (from the agent's own
+        count of seconds since then, taken from the driver's time its hello answer came: late by at most the
+        handshake job's end), how long it read its data and how long it built its model and channels."""
+        out = {}
+        for a, r in self.agent_info.items():
+            s = r.startup or {}
+            if "task_started_at" in s:
+                out[a] = {"task_started_s": s["task_started_at"] - t0, "data_s": s["data_s"], "build_s": s["build_s"]}
+        return out
+
     def cycle(self, c: int):
         if not self.job.alive():
             raise RunFailedError(f"the agents' Spark job ended unexpectedly: {self.job.failure()}")
