@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test test-spark35 wheel-smoke unit demo bench-compare bench-pull bench-exchange clean
+.PHONY: install test test-gpu test-spark35 wheel-smoke unit demo bench-compare bench-pull bench-exchange clean
 
 # The second environment: the oldest Spark we support (Databricks 15/16 LTS, CDP 7.3), installed first, then
 # mpca beside it with the other pins — pip must keep that pyspark (tests/spark35 checks it did).
@@ -36,6 +36,11 @@ test: $(VENV)/.installed
 SPARK35_TESTS = tests/spark35 tests/integration/test_data_sources.py tests/integration/test_ml.py \
 	tests/e2e/test_java.py "tests/e2e/test_cli.py::test_cli_trains_digits_below_5_percent" \
 	"tests/integration/test_runtime.py::test_one_spark_job_per_cycle"
+# Agents on this host's CUDA devices (tests/gpu; not in `make test`, which CI runs without a GPU): fails in
+# one line on a host without one.
+test-gpu: $(VENV)/.installed
+	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} MPCA_GPU_TESTS=1 $(PY) -m pytest tests/gpu
+
 test-spark35: $(VENV35)/.installed
 	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} MPCA_EXPECT_PYSPARK=$(SPARK35) $(PY35) -m pytest $(SPARK35_TESTS)
 

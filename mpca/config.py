@@ -220,7 +220,19 @@ class ClusterSection(_Strict):
     service_host: Optional[str] = Field(None, description="address executors reach the driver's parameter service "
                                         "at (default: spark.driver.host)")
     service_port: int = Field(0, ge=0, le=65535, description="port of the parameter service (0: any free port)")
+    gpus: Any = Field("auto", description="GPUs per executor of a local-cluster master: auto (one when this host "
+                      "has CUDA devices, the agents then train on them, sharing them when fewer than the executors), "
+                      "none, or a number; another cluster's GPUs come from its own spark.executor.resource.gpu.*")
     conf: Dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v):
+        if v in ("auto", "none"):
+            return v
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"cluster.gpus is auto, none or a whole number of GPUs per executor (got {v!r})")
+        return v
 
     @field_validator("master")
     @classmethod

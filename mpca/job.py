@@ -239,6 +239,7 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
         "job_wall_s": time.time() - t0, "cycles": fit.cycles, "agents_up_s": fit.agents_up_s,
         "first_cycle": fit.first_cycle,
         "agents": cfg.training.agents, "algorithm": cfg.algorithm.name, "layout": fit.layout,
+        "agent_devices": [a.get("device") for a in sorted(fit.agents, key=lambda a: a.get("agent", 0))],
         "paths": {**{k: target_path(v) if v else None for k, v in names.items()}, "checkpoints": cfg.checkpoint.dir},
     }
     write_json(os.path.join(local, "summary.json"), summary)

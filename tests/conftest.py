@@ -1,6 +1,7 @@
 """Shared fixtures.  Integration tests share one real local-cluster Spark session per cluster shape.
 
-A test asks for a shape with ``@pytest.mark.cluster(executors=3, cores=2, fake_gpus=0)``; tests are
+A test asks for a shape with ``@pytest.mark.cluster(executors=3, cores=2, fake_gpus=0)`` (``gpus=1``: this host's
+real GPUs, tests/gpu only); tests are
 ordered so that each shape's session starts once, and every session is stopped at the end.
 """
 import atexit
@@ -16,7 +17,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # PYSPARK_SUBMIT_ARGS: a session launched with it scheduled the overlap tests' exchange tasks differently.
 _WAREHOUSE = tempfile.mkdtemp(prefix="mpca-tests-warehouse-")
 atexit.register(shutil.rmtree, _WAREHOUSE, True)
-DEFAULT_SHAPE = (2, 2, 0, False, 1)
+DEFAULT_SHAPE = (2, 2, 0, False, 1, 0)
 SECURE_CONF = {  # Spark's own authentication and encryption (RPC, shuffle/broadcast blocks, Python broadcasts)
     "spark.authenticate": "true",
     "spark.authenticate.secret": "mpca-test-secret",
@@ -26,6 +27,8 @@ SECURE_CONF = {  # Spark's own authentication and encryption (RPC, shuffle/broad
 _state = {"shape": None, "spark": None}
 # tests/spark35 checks the second environment of `make test-spark35` (which sets MPCA_EXPECT_PYSPARK)
 collect_ignore = [] if os.environ.get("MPCA_EXPECT_PYSPARK") else ["spark35"]
+# tests/gpu needs a CUDA device: `make test-gpu` (MPCA_GPU_TESTS=1) runs it, and fails without one
+collect_ignore += [] if os.environ.get("MPCA_GPU_TESTS") else ["gpu"]
 
 
 def _shape(item):
@@ -34,11 +37,11 @@ def _shape(item):
         return DEFAULT_SHAPE if "spark" in getattr(item, "fixturenames", ()) else None
     kw = m.kwargs
     return (kw.get("executors", 2), kw.get("cores", 2), kw.get("fake_gpus", 0), kw.get("secure", False),
-            kw.get("agents_per_executor", 1))
+            kw.get("agents_per_executor", 1), kw.get("gpus", 0))
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "cluster(executors, cores, fake_gpus, secure, agents_per_executor): local-cluster the test needs")
+    config.addinivalue_line("markers", "cluster(executors, cores, fake_gpus, secure, agents_per_executor, gpus): local-cluster the test needs")
     config.addinivalue_line("markers", "standalone: starts its own Spark in a subprocess (the shared one is stopped)")
 
 
@@ -60,9 +63,9 @@ def _session_for(shape):
     if _state["shape"] != shape:
         if _state["spark"] is not None:
             _state["spark"].stop()
-        executors, cores, gpus, secure, per = shape
+        executors, cores, gpus, secure, per, real_gpus = shape
         _state["spark"] = local_session(executors, cores, 1024, app_name=f"mpca-tests-{executors}x{cores}g{gpus}",
-                                        fake_gpus_per_executor=gpus,
+                                        fake_gpus_per_executor=gpus, gpus_per_executor=real_gpus,
                                         conf={"spark.sql.warehouse.dir": _WAREHOUSE, **(SECURE_CONF if secure else {})},
                                         agents_per_executor=per)
         _state["spark"].sparkContext.setLogLevel("ERROR")

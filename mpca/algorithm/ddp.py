@@ -65,7 +65,7 @@ class DDPAgent(AgentRule):
         self.prefix = ctx.rendezvous["prefix"]
         self.membership = Membership(dist.PrefixStore(f"{self.prefix}/members", self.store), ctx.agent_id,
                                      ctx.agents, settle_s=settle_s, timeout_s=timeout_s, stopping=ctx.stopping)
-        self.backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+        self.backend = "gloo"  # decided per generation from the members' devices (choose_backend)
         self.codec = ctx.wire.codec
         self.feedback = None  # a lossy wire format's error feedback, per generation (its chunks are the world's)
         self.ring_group = None
@@ -92,6 +92,8 @@ class DDPAgent(AgentRule):
     # ---------------------------------------------------------------- the group
     def _form(self, gen: Generation) -> None:
         store = self.dist.PrefixStore(f"{self.prefix}/g{gen.number}", self.store)
+        store.set(f"device/{self.ctx.agent_id}", device_identity(self.ctx.device))
+        self.backend = choose_backend([store.get(f"device/{a}").decode() for a in gen.members])
         self.dist.init_process_group(self.backend, store=store, rank=gen.rank(self.ctx.agent_id),
                                      world_size=gen.world, timeout=self.timeout)
         # a lossy wire format: the gradients go round mpca's ring of encoded messages (CPU tensors, hence a gloo
@@ -201,6 +203,25 @@ class DDPAgent(AgentRule):
 
     def close(self) -> None:
         self._leave()
+
+
+def device_identity(device) -> str:
+    """Which physical device an agent trains on, comparable across processes: ``cpu``, or ``cuda:`` with the
+    host name and the GPU's UUID (two executors on one host can be given the same GPU)."""
+    if device.type != "cuda":
+        return "cpu"
+    import socket
+
+    return f"cuda:{socket.gethostname()}:{torch.cuda.get_device_properties(device).uuid}"
+
+
+def choose_backend(identities) -> str:
+    """NCCL when every member trains on its own GPU; gloo otherwise — CPUs, a mix, or two members on one GPU,
+    which NCCL refuses ("Duplicate GPU detected") and gloo's all-reduce of CUDA tensors serves."""
+    ids = list(identities)
+    if ids and all(i.startswith("cuda:") for i in ids) and len(set(ids)) == len(ids):
+        return "nccl"
+    return "gloo"
 
 
 def adopt_state(dist, model: torch.nn.Module, optimizer: torch.optim.Optimizer, src: int, device) -> None:

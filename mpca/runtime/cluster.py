@@ -34,15 +34,17 @@ def require_classic(spark) -> None:
         )
 
 
-def _discovery_script(name: str, count: int, distinct: bool) -> str:
+def _discovery_script(name: str, count: int, distinct: bool, modulo: Optional[int] = None) -> str:
     """A resource discovery script.  ``distinct``: each call hands out the next ``count`` addresses
-    (fake GPUs that differ between local-cluster workers, as on a real multi-GPU cluster)."""
+    (fake GPUs that differ between local-cluster workers, as on a real multi-GPU cluster); ``modulo``: the
+    addresses wrap round that many devices (this host's real GPUs, shared by the workers when they are fewer)."""
     global _SCRIPT_DIR
     if _SCRIPT_DIR is None:
         _SCRIPT_DIR = tempfile.mkdtemp(prefix="mpca-res-")
-    path = os.path.join(_SCRIPT_DIR, f"{name}_discover.sh")
+    path = os.path.join(_SCRIPT_DIR, f"{name}_discover{'' if modulo is None else f'_mod{modulo}'}.sh")
     if distinct:
-        counter = os.path.join(_SCRIPT_DIR, f"{name}.counter")
+        counter = os.path.join(_SCRIPT_DIR, f"{name}{'' if modulo is None else f'_mod{modulo}'}.counter")
+        wrap = "" if modulo is None else f" % {modulo}"
         body = f"""#!/bin/sh
 exec 9>"{counter}.lock"
 flock 9
@@ -50,7 +52,7 @@ n=$(cat "{counter}" 2>/dev/null || echo 0)
 echo $((n + {count})) > "{counter}"
 addrs=""
 i=0
-while [ $i -lt {count} ]; do addrs="$addrs${{addrs:+,}}\\"$((n + i))\\""; i=$((i + 1)); done
+while [ $i -lt {count} ]; do addrs="$addrs${{addrs:+,}}\\"$(((n + i){wrap}))\\""; i=$((i + 1)); done
 echo "{{\\"name\\":\\"{name}\\",\\"addresses\\":[$addrs]}}"
 """
     else:
@@ -64,19 +66,27 @@ echo "{{\\"name\\":\\"{name}\\",\\"addresses\\":[$addrs]}}"
 
 def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app_name: str = "mpca",
                   fake_gpus_per_executor: int = 0, conf: Optional[Dict[str, str]] = None,
-                  agents_per_executor: int = 1):
+                  agents_per_executor: int = 1, gpus_per_executor: int = 0):
     """A ``local-cluster[executors, cores, memory_mb]`` session (several executor JVMs) ready for agents.
 
     Executors run this interpreter (``PYSPARK_PYTHON`` and ``spark.pyspark.python``), every executor has
     ``agents_per_executor`` ``agentslot`` addresses (give it 2 cores per agent); with
     ``fake_gpus_per_executor`` each executor also gets that many fake GPUs with addresses distinct across
-    executors.
+    executors.  ``gpus_per_executor`` gives each executor that many of this host's real GPUs (CUDA's visible
+    devices), handed out in turn and shared by the executors when there are fewer GPUs than executors × GPUs:
+    one agent per executor GPU then trains on it.
     """
     from pyspark.sql import SparkSession
 
     if executors < 1 or cores < 1 or memory_mb < 256 or agents_per_executor < 1:
         raise UserError(f"local_session needs executors >= 1, cores >= 1, memory_mb >= 256 "
                         f"(got {executors}, {cores}, {memory_mb})")
+    if gpus_per_executor and fake_gpus_per_executor:
+        raise UserError("local_session takes real GPUs (gpus_per_executor) or fake ones, not both")
+    devices = visible_gpus() if gpus_per_executor else 0
+    if gpus_per_executor > devices:
+        raise UserError(f"cluster.gpus asks for {gpus_per_executor} GPU(s) per executor but this host has {devices} "
+                        "CUDA device(s) visible; set cluster.gpus to at most that, or 'none' to train on the CPUs")
     from pyspark import SparkContext
 
     if SparkContext._active_spark_context is None:  # this call starts the JVM: is there a Java it can run?
@@ -96,10 +106,11 @@ def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app
     for level in ("worker", "executor"):
         b = b.config(f"spark.{level}.resource.{AGENT_SLOT}.amount", str(agents_per_executor))
         b = b.config(f"spark.{level}.resource.{AGENT_SLOT}.discoveryScript", slot)
-    if fake_gpus_per_executor:
-        gpu = _discovery_script("gpu", fake_gpus_per_executor, distinct=True)
+    if fake_gpus_per_executor or gpus_per_executor:
+        per = fake_gpus_per_executor or gpus_per_executor
+        gpu = _discovery_script("gpu", per, distinct=True, modulo=devices or None)
         for level in ("worker", "executor"):
-            b = b.config(f"spark.{level}.resource.gpu.amount", str(fake_gpus_per_executor))
+            b = b.config(f"spark.{level}.resource.gpu.amount", str(per))
             b = b.config(f"spark.{level}.resource.gpu.discoveryScript", gpu)
     conf = dict(conf or {})
     java_opts = conf.pop("spark.driver.extraJavaOptions", "")
@@ -124,9 +135,26 @@ def session_for(cluster, app_name: str, conf: Optional[Dict[str, str]] = None) -
         return SparkSession.getActiveSession() or SparkSession.builder.appName(app_name).getOrCreate(), False
     local = parse_local_cluster(cluster.master)
     spark = local_session(local.executors, local.cores, local.memory_mb, app_name=app_name,
-                          conf={**(conf or {}), **cluster.conf})
+                          conf={**(conf or {}), **cluster.conf}, gpus_per_executor=local_gpus(cluster.gpus))
     spark.sparkContext.setLogLevel("ERROR")
     return spark, True
+
+
+def visible_gpus() -> int:
+    """How many CUDA devices this process sees (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def local_gpus(setting) -> int:
+    """GPUs per executor of a local-cluster from ``cluster.gpus``: ``auto`` one when this host has CUDA devices
+    (else none), ``none`` none, a number that many."""
+    if setting == "auto":
+        return 1 if visible_gpus() else 0
+    if setting == "none":
+        return 0
+    return int(setting)
 
 
 def watch_driver_jvm(spark) -> None:

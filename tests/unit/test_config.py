@@ -133,6 +133,8 @@ def _bad_inputs(tmp):
         (train + ["algorithm.name=ddp", "algorithm.timeout_s=-1"], "'algorithm.timeout_s'"),
         (train + ["cluster.service_port=70000"], "'cluster.service_port'"),
         (train + ["cluster.master=sc://spark-connect:15002"], "Spark Connect"),
+        (train + ["cluster.gpus=two"], "cluster.gpus is auto, none or a whole number"),
+        (train + ["cluster.gpus=64"], "CUDA device(s) visible"),
         (train + ["training.min_agents=3"], "min_agents=3 exceeds training.agents=2"),
         (train + ["training.agents=3-1"], "a range needs 1 <= MIN <= MAX"),
         (train + ["training.agents=2-x"], "give a count (4) or a range MIN-MAX"),
@@ -160,7 +162,7 @@ def _bad_inputs(tmp):
     ]
 
 
-CASES = len(MISTAKES) + 33  # with the cases below MISTAKES in _bad_inputs; the test checks the total
+CASES = len(MISTAKES) + 35  # with the cases below MISTAKES in _bad_inputs; the test checks the total
 
 
 @pytest.mark.parametrize("case", range(CASES))
