@@ -60,6 +60,16 @@ def parse_overrides(items: List[str]) -> Dict[str, object]:
     return out
 
 
+def add_exchange_cpu_arguments(p: argparse.ArgumentParser) -> None:
+    """The exchange's CPU (mpca.sim.constants), for ``mpca simulate`` and ``mpca plan``."""
+    p.add_argument("--exchange-cpu", type=float, default=0.0, metavar="S_PER_MB",
+                   help="CPU seconds per MB an agent moves in an exchange (default 0: no CPU modelled; 0.06 was "
+                        "measured on a 2-core machine, see mpca.sim.constants)")
+    p.add_argument("--host-cores", type=int, default=None, metavar="N",
+                   help="every host's exchange shares N cores (an emulated cluster on one machine; default: "
+                        "each host its own)")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", "-a", default="mpca", help="algorithm name (mpca, sync, diloco, easgd, ...)")
     p.add_argument("--agents", "-k", type=int, default=4)
@@ -76,6 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--job-overhead", type=float, default=None, help="seconds per Spark job (default: the constant)")
+    add_exchange_cpu_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the result here as JSON")
     p.add_argument("overrides", nargs="*", help="algorithm.KEY=VALUE, e.g. algorithm.every=20")
@@ -84,7 +95,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from(args) -> SimConfig:
     """A validated :class:`SimConfig`; every mistake as one UserError line."""
     try:
-        net = NetworkConstants(link_bps=parse_rate(args.link))
+        net = NetworkConstants(link_bps=parse_rate(args.link), exchange_cpu_s_per_mb=args.exchange_cpu,
+                               host_cores=args.host_cores)
         if args.job_overhead is not None:
             net = NetworkConstants(**{**net.to_dict(), "job_overhead_s": args.job_overhead})
         hidden = tuple(int(h) for h in args.hidden.split(",") if h.strip())

@@ -18,6 +18,15 @@ the driver's included, behind its own full-duplex ``tc tbf`` port):
   add none).
 * ``service_overhead_s`` = 3 ms per parameter-service request: "a pull does wait for the driver's Python
   process ... round trips of a few ms" (README, where the runtime changes a rule).
+* ``exchange_cpu_s_per_mb`` = 0 (default: no CPU modelled), ``host_cores`` = None: the CPU an exchange takes
+  besides the wire — an agent's shard materialised, encoded and pickled as a task result, the partial sums
+  of treeReduce, the broadcast read and decoded — as seconds per MB (10^6 bytes) an agent moves in a cycle,
+  up and down, on the cycle's critical path (a Spark task result is serialised whole before it is sent and
+  read whole after).  With ``host_cores`` = N every host's exchange shares N cores (the emulated cluster on
+  one machine: K agents' work takes max(1, K / N) times as long); None: each host has its own.  Calibrated
+  on this 2-core machine at K = 2 from ``bench compare``'s mpca cycles (0.67 s measured against 0.49 s
+  modelled without CPU, 3.0 MB per agent: 0.06 s/MB, ``host_cores`` 2) and checked at K = 4 (README, "How far
+  to trust it").  The parameter service's round trips are charged the same seconds per MB, on the caller.
 * ``split_tasks`` = True: reduce tasks yield without waiting for the broadcast's download (executors with two
   free task slots per agent, the emulated cluster's ``--cores 3``); False: one task per agent yields after it.
 
@@ -32,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 
 @dataclass(frozen=True)
@@ -44,11 +53,17 @@ class NetworkConstants:
     service_overhead_s: float = 0.003  # per parameter-service request, on the driver
     driver_copies_per_doubling: float = 1.0  # broadcast: driver copies of each block = min(K, 1 + a log2 K)
     split_tasks: bool = True  # reduce tasks do not wait for the broadcast's download
+    exchange_cpu_s_per_mb: float = 0.0  # CPU seconds per MB an agent moves in an exchange (0: no CPU modelled)
+    host_cores: Optional[int] = None  # every host's exchange shares this many cores (None: each host its own)
 
     def __post_init__(self):
         if not (self.link_bps > 0):
             raise ValueError(f"link_bps must be > 0 (inf: no wire time), got {self.link_bps}")
-        for name in ("latency_s", "job_overhead_s", "service_overhead_s", "driver_copies_per_doubling"):
+        if self.host_cores is not None and (isinstance(self.host_cores, bool) or int(self.host_cores) != self.host_cores
+                                            or self.host_cores < 1):
+            raise ValueError(f"host_cores must be a whole number >= 1 or None, got {self.host_cores}")
+        for name in ("latency_s", "job_overhead_s", "service_overhead_s", "driver_copies_per_doubling",
+                     "exchange_cpu_s_per_mb"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v}")
@@ -69,4 +84,7 @@ class NetworkConstants:
                 f"job overhead {self.job_overhead_s:g} s, broadcast blocks {self.block_bytes / 2**20:g} MiB, "
                 f"driver copies per block 1 + {self.driver_copies_per_doubling:g}·log2 K, "
                 f"service overhead {self.service_overhead_s * 1e3:g} ms/request, "
-                f"{'split' if self.split_tasks else 'one'} task(s) per agent")
+                f"{'split' if self.split_tasks else 'one'} task(s) per agent, exchange CPU "
+                + (f"{self.exchange_cpu_s_per_mb:g} s/MB"
+                   + (f" on {self.host_cores} shared core(s)" if self.host_cores else " on each host's own cores")
+                   if self.exchange_cpu_s_per_mb else "not modelled"))

@@ -10,7 +10,8 @@ simulator calls ``rule.receive``; each agent's yield request reaches it at once 
 download, and its contribution (``rule.contribution``, encoded as the agent's runtime does) is taken then —
 or, for a rule whose ``yield_ready`` is not ready (a round not finished), as soon as it is.  The partials are
 combined along treeReduce's levels (``WeightedSum``; a lossy format: ``EncodedSum``, one rounding per level)
-and reach the driver at :func:`~mpca.sim.network.tree_reduce_arrival`; the job ends when both are done, and the
+and reach the driver at :func:`~mpca.sim.network.tree_reduce_arrival`; the job ends when both are done and the
+exchange's CPU is spent (:func:`~mpca.sim.network.exchange_cpu_time`, none unless the constants model it), and the
 next cycle starts then, or ``cycle_interval_s`` after this one started.  Corrective jobs and absent or joining
 agents are not simulated: every agent answers every job.
 """
@@ -26,8 +27,8 @@ from mpca.algorithm.base import DriverRule
 from mpca.algorithm.rules import WeightedSum
 from mpca.algorithm.wire import Codec, EncodedSum, ErrorFeedback
 from mpca.sim.clock import VirtualClock
-from mpca.sim.network import (broadcast_time, driver_copies, driver_partials, tree_groups, tree_levels,
-                              tree_reduce_arrival)
+from mpca.sim.network import (broadcast_time, driver_copies, driver_partials, exchange_cpu_time, tree_groups,
+                              tree_levels, tree_reduce_arrival)
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.result import CycleStat
 
@@ -158,7 +159,7 @@ class VirtualPipeline:
         order = sorted(job.partials)
         nbytes = max(b for _, _, b in job.partials.values())
         arrival = tree_reduce_arrival([job.partials[a][0] for a in order], nbytes, self.net)
-        end = max(arrival, job.bcast_end)
+        end = max(arrival, job.bcast_end) + exchange_cpu_time(self.K, nbytes + job.bcast_bytes, self.net)
         partial = tree_combine([job.partials[a][1] for a in order])
         stat = CycleStat(job.cycle, job.submitted, end, job.shard, job.bcast_shard,
                          bytes_in=driver_partials(self.K) * nbytes,

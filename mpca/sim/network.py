@@ -117,21 +117,32 @@ def ring_allreduce_time(agents: int, nbytes: float, net: NetworkConstants) -> fl
 def scaled_for_bytes(net: NetworkConstants, scale: float) -> NetworkConstants:
     """A network on which B bytes take as long as ``scale``·B bytes on ``net``: the rate and the broadcast
     block divided by ``scale``, latency and overheads unchanged.  Every time above is a sum of
-    bytes·8/rate terms (bytes counted in whole blocks at most: min(block, B)) and byte-free terms, so a
-    simulation of a small model on the scaled network charges the wire time of a model ``scale`` times larger
-    (``mpca plan``'s proxy); the block is rounded to a whole byte."""
+    bytes·8/rate terms (bytes counted in whole blocks at most: min(block, B)), bytes × the exchange's CPU per
+    byte (multiplied by ``scale``) and byte-free terms, so a simulation of a small model on the scaled network
+    charges the wire and CPU time of a model ``scale`` times larger (``mpca plan``'s proxy); the block is
+    rounded to a whole byte."""
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number > 0, got {scale}")
-    return dataclasses.replace(net, link_bps=net.link_bps / scale, block_bytes=max(1, round(net.block_bytes / scale)))
+    return dataclasses.replace(net, link_bps=net.link_bps / scale, block_bytes=max(1, round(net.block_bytes / scale)),
+                               exchange_cpu_s_per_mb=net.exchange_cpu_s_per_mb * scale)
+
+
+def exchange_cpu_time(agents: int, nbytes: float, net: NetworkConstants) -> float:
+    """The CPU an exchange of ``nbytes`` per agent (up and down) adds to the critical path: seconds per MB,
+    stretched by max(1, K / host_cores) when the hosts share ``host_cores`` cores."""
+    if not net.exchange_cpu_s_per_mb or not nbytes:
+        return 0.0
+    share = max(1.0, agents / net.host_cores) if net.host_cores else 1.0
+    return net.exchange_cpu_s_per_mb * nbytes / 1e6 * share
 
 
 def cycle_time(agents: int, reduce_bytes: float, broadcast_bytes: float, net: NetworkConstants) -> float:
     """One exchange job with every agent ready at once: overhead + the reduce and the broadcast, overlapped
-    (``split_tasks``) or one after the other."""
+    (``split_tasks``) or one after the other, then the exchange's CPU (:func:`exchange_cpu_time`)."""
     bc = broadcast_time(agents, broadcast_bytes, net)
     reduce_start = net.job_overhead_s + (0.0 if net.split_tasks else bc)
     up = tree_reduce_arrival([reduce_start] * agents, reduce_bytes, net)
-    return max(net.job_overhead_s + bc, up)
+    return max(net.job_overhead_s + bc, up) + exchange_cpu_time(agents, reduce_bytes + broadcast_bytes, net)
 
 
 class DriverPort:

@@ -63,6 +63,9 @@ class PlanConfig(BaseModel):
     parameters: int = Field(ge=1, description="values the user's model exchanges")
     step_s: float = Field(gt=0, description="T: one training step's device time (s)")
     link_bps: float = Field(gt=0, description="every host's port, each direction")
+    exchange_cpu_s_per_mb: float = Field(0.0, ge=0, description="CPU seconds per MB an agent moves in an exchange "
+                                         "(mpca.sim.constants; 0: not modelled)")
+    host_cores: Optional[int] = Field(None, ge=1, description="every host's exchange shares this many cores")
     agents: Tuple[int, ...] = (1, 2, 4, 8, 16)
     algorithms: Tuple[str, ...] = DEFAULT_ALGORITHMS
     settings: Dict[str, Any] = Field(default_factory=dict, description="algorithm settings, as the YAML's "
@@ -111,7 +114,8 @@ class PlanConfig(BaseModel):
         return [build_algorithm({**self.settings, "name": name}) for name in self.algorithms]
 
     def network(self) -> NetworkConstants:
-        return NetworkConstants(link_bps=self.link_bps)
+        return NetworkConstants(link_bps=self.link_bps, exchange_cpu_s_per_mb=self.exchange_cpu_s_per_mb,
+                                host_cores=self.host_cores)
 
     def proxy(self) -> TeacherWorkload:
         """The gradient proxy: the teacher task and a small MLP; one agent's rows (the grid splits them)."""

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from mpca.errors import UserError
 from mpca.report import write_json
-from mpca.sim.command import parse_overrides, parse_rate, parse_speeds
+from mpca.sim.command import add_exchange_cpu_arguments, parse_overrides, parse_rate, parse_speeds
 from mpca.sim.grid import GridRow
 from mpca.sim.measure import exchanged_values, load_model, measure_step_s, teacher_hidden_for, teacher_mlp_for
 from mpca.sim.plan import DEFAULT_ALGORITHMS, PlanConfig, assumptions, plan, table, yaml_snippet
@@ -31,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS))
     p.add_argument("--wire", default="fp32", help="fp32, bf16, int8 or int4")
     p.add_argument("--speeds", default="", help="stragglers, e.g. 1:0.5 (agent 1 at half speed)")
+    add_exchange_cpu_arguments(p)
     p.add_argument("--reduction", type=float, default=0.3, help="target: holdout error falls to this fraction "
                    "of its start")
     p.add_argument("--target-error", type=float, default=None, help="target: this holdout error of the proxy "
@@ -84,7 +85,8 @@ def config_from(args) -> tuple:
                          algorithms=tuple(a.strip() for a in args.algorithms.split(",") if a.strip()),
                          settings=parse_overrides(args.overrides), wire=args.wire, batch_size=args.batch_size,
                          speeds=parse_speeds(args.speeds), reduction=args.reduction, target_error=args.target_error, tolerance=args.tolerance,
-                         seeds=args.seeds, periods=args.periods, proxy_hidden=_proxy_hidden(args))
+                         seeds=args.seeds, periods=args.periods, proxy_hidden=_proxy_hidden(args),
+                         exchange_cpu_s_per_mb=args.exchange_cpu, host_cores=args.host_cores)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "settings"

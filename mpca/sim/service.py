@@ -1,7 +1,8 @@
 """The parameter service in virtual time: an object with ``request(header, payload) -> (header, payload)``, as
 the runtime's service client has, that calls the driver rule's ``serve`` at once (the simulator runs one
 agent's hook at a time, in virtual-time order) and charges the round trip's virtual time to the calling agent:
-the request through the driver's port (FIFO), the service's overhead, the answer back through it.
+the request through the driver's port (FIFO), the service's overhead, the answer back through it, and the
+exchange's CPU for both messages when the constants model it (:func:`~mpca.sim.network.exchange_cpu_time`).
 
 The payload travels as the runtime's does (:mod:`mpca.runtime.driver_service`): the agent's rule encoded it in
 the run's wire format with its error feedback (``ServiceAgent.call_service``); here it is decoded, checked
@@ -16,7 +17,8 @@ import torch
 
 from mpca.algorithm.base import DriverRule
 from mpca.algorithm.wire import Codec, ErrorFeedback
-from mpca.sim.network import DriverPort
+from mpca.sim.constants import NetworkConstants
+from mpca.sim.network import DriverPort, exchange_cpu_time
 
 
 class SimServiceClient:
@@ -24,9 +26,9 @@ class SimServiceClient:
     resets) the seconds its requests took since the last call."""
 
     def __init__(self, agent: int, rule: DriverRule, codec: Codec, answers: ErrorFeedback, port: DriverPort,
-                 service_overhead_s: float, now: Callable[[], float]):
+                 net: NetworkConstants, now: Callable[[], float]):
         self.agent, self.rule, self.codec, self.answers, self.port = agent, rule, codec, answers, port
-        self.overhead_s = service_overhead_s
+        self.net = net
         self.now = now
         self.charged_s = 0.0
         self.requests = 0
@@ -41,7 +43,8 @@ class SimServiceClient:
             raise ValueError(f"agent {self.agent} sent NaN/Inf; refused (the joint model stays finite)")
         reply, out = self.rule.serve(self.agent, header, vec)
         answer = b"" if out is None else self.answers.encode(self.agent, out.numpy())
-        done = self.port.send(arrived + self.overhead_s, len(answer))
+        done = self.port.send(arrived + self.net.service_overhead_s, len(answer))
+        done += exchange_cpu_time(1, len(data) + len(answer), self.net)  # the caller's messages, both ways
         self.charged_s += done - t
         self.requests += 1
         return ({**reply, "n": out.numel()} if out is not None else reply), answer

@@ -122,7 +122,7 @@ class Simulator:
         self.now = [0.0] * K  # each agent's virtual time while its hooks run
         answers = ErrorFeedback(self.codec)  # the service's answers, one residual per agent
         self.clients: List[Optional[SimServiceClient]] = [
-            SimServiceClient(a, self.rule, self.codec, answers, self.port, cfg.network.service_overhead_s,
+            SimServiceClient(a, self.rule, self.codec, answers, self.port, cfg.network,
                              lambda a=a: self.now[a]) if algo.exchange == "service" else None for a in range(K)]
         factory_algo = algo
         self.agents: List[SimAgent] = []

@@ -15,6 +15,8 @@ from mpca.cli import main
     (["simulate", "--wire", "int3"], "wire"),
     (["simulate", "--targets", "2"], "target errors"),
     (["simulate", "every=3"], "expected algorithm.KEY=VALUE"),
+    (["simulate", "--host-cores", "0"], "host_cores"),
+    (["simulate", "--exchange-cpu", "-1"], "exchange_cpu_s_per_mb"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(argv, says, capsys):
     assert main(argv) == 2
@@ -25,10 +27,12 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, says, capsys):
 def test_a_short_simulation_prints_the_constants_and_writes_json(tmp_path, capsys):
     out = tmp_path / "sim.json"
     code = main(["simulate", "-k", "2", "--hidden", "16", "--rows", "200", "--max-seconds", "3", "--step-s", "0.1",
-                 "--targets", "0.95", "--json", str(out)])
+                 "--targets", "0.95", "--exchange-cpu", "0.06", "--host-cores", "2", "--json", str(out)])
     printed = capsys.readouterr().out
     assert code == 0
     assert "constants: link 100 Mbit/s" in printed and "job overhead 0.25 s" in printed
+    assert "exchange CPU 0.06 s/MB on 2 shared core(s)" in printed
     assert "mpca | 2 | fp32" in printed
     data = json.loads(out.read_text())
     assert data["constants"]["link_bps"] == 100e6 and data["history"]
+    assert data["constants"]["exchange_cpu_s_per_mb"] == 0.06 and data["constants"]["host_cores"] == 2

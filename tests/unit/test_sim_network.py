@@ -5,8 +5,8 @@ import pytest
 
 from mpca.algorithm.wire import Codec
 from mpca.sim.constants import NetworkConstants
-from mpca.sim.network import (DriverPort, broadcast_time, cycle_time, payload_bytes, ring_allreduce_bytes,
-                              ring_allreduce_time, tree_levels, tree_reduce_arrival, wire_time)
+from mpca.sim.network import (DriverPort, broadcast_time, cycle_time, exchange_cpu_time, payload_bytes,
+                              ring_allreduce_bytes, ring_allreduce_time, tree_levels, tree_reduce_arrival, wire_time)
 
 NET = NetworkConstants(link_bps=100e6, latency_s=0.001, job_overhead_s=0.25, block_bytes=4_000_000,
                        driver_copies_per_doubling=1.0)
@@ -71,6 +71,21 @@ def test_cycle_time_overlaps_reduce_and_broadcast_when_tasks_are_split():
     assert cycle_time(4, 10 * MB, 10 * MB, NET) == pytest.approx(0.25 + 3.2 + 0.001)
     one = NetworkConstants(**{**NET.to_dict(), "split_tasks": False})
     assert cycle_time(4, 10 * MB, 10 * MB, one) == pytest.approx(0.25 + 2.403 + 3.201)
+
+
+def test_the_exchange_cpu_is_seconds_per_mb_stretched_when_hosts_share_cores():
+    cpu = NetworkConstants(**{**NET.to_dict(), "exchange_cpu_s_per_mb": 0.06})
+    assert exchange_cpu_time(4, 3 * MB, NET) == 0.0  # not modelled by default
+    assert exchange_cpu_time(4, 3 * MB, cpu) == pytest.approx(0.18)  # each host its own cores
+    shared = NetworkConstants(**{**cpu.to_dict(), "host_cores": 2})
+    assert exchange_cpu_time(2, 3 * MB, shared) == pytest.approx(0.18)  # two agents on two cores
+    assert exchange_cpu_time(4, 3 * MB, shared) == pytest.approx(0.36)  # four on two: twice as long
+    # on the cycle's critical path, after the overlapped reduce and broadcast: 10 MB each way, 1.2 s of CPU
+    assert cycle_time(4, 10 * MB, 10 * MB, cpu) == pytest.approx(0.25 + 3.2 + 0.001 + 1.2)
+    with pytest.raises(ValueError, match="host_cores"):
+        NetworkConstants(host_cores=0)
+    with pytest.raises(ValueError, match="exchange_cpu_s_per_mb"):
+        NetworkConstants(exchange_cpu_s_per_mb=-1)
 
 
 def test_driver_port_is_fifo_each_way():

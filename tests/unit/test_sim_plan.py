@@ -11,7 +11,8 @@ from mpca.cli import main
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.grid import GridRow, crossing_time
 from mpca.sim.measure import exchanged_values, measure_step_s, teacher_hidden_for, teacher_mlp_for
-from mpca.sim.network import broadcast_time, ring_allreduce_time, scaled_for_bytes, tree_reduce_arrival
+from mpca.sim.network import (broadcast_time, cycle_time, exchange_cpu_time, ring_allreduce_time, scaled_for_bytes,
+                              tree_reduce_arrival)
 from mpca.sim.plan import PlanConfig, plan, recommend, table, yaml_snippet
 from mpca.sim.result import HistoryRow
 
@@ -32,6 +33,10 @@ def test_a_scaled_network_charges_b_bytes_as_the_original_charges_s_times_b():
     assert broadcast_time(2, b, scaled) == pytest.approx(2 * 8e6 * 8 / 100e6 + 2 * 0.0005)
     with pytest.raises(ValueError):
         scaled_for_bytes(net, 0.0)
+    cpu = NetworkConstants(link_bps=100e6, exchange_cpu_s_per_mb=0.06, host_cores=2)
+    for k in (2, 4, 16):  # the exchange's CPU too: 1 MB of proxy costs what 8 MB cost (0.48 s per agent, × K/2)
+        assert cycle_time(k, b, b, scaled_for_bytes(cpu, s)) == pytest.approx(cycle_time(k, s * b, s * b, cpu))
+    assert exchange_cpu_time(4, b, scaled_for_bytes(cpu, s)) == pytest.approx(0.48 * 2)
 
 
 def test_the_teacher_mlp_is_sized_to_a_parameter_count():
@@ -115,6 +120,7 @@ def test_a_short_plan_recommends_what_its_own_times_say(tmp_path):
     (["plan", "--model", "no_such_module_26:f", "--step-s", "0.1"], "cannot be imported"),
     (["plan", "--model", "builtins:dict", "--step-s", "0.1"], "not a torch.nn.Module"),
     (["plan", "--model", "mpca", "--step-s", "0.1"], "package.module:factory"),
+    (["plan", "--parameters", "1000", "--step-s", "0.1", "--host-cores", "0"], "host_cores"),
     (["plan", "--parameters", "1000", "--step-s", "0.1", "--link", "fast"], "plan: --link 'fast'"),
     (["plan", "--parameters", "1000", "--step-s", "-1"], "step_s"),
     (["plan", "--parameters", "0", "--step-s", "0.1"], "--parameters must be >= 1"),

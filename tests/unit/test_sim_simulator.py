@@ -153,6 +153,32 @@ def test_the_network_decides_the_time_to_target():
     assert slow_cycle > fast_cycle
 
 
+def test_the_exchange_cpu_lengthens_every_cycle_by_its_seconds_per_mb():
+    """mpca, 2 agents on 1 shared core at 1 s/MB: every cycle ends (up + down bytes) × 1 s/MB × 2 later than
+    without the CPU term (same network, same first cycle)."""
+    base = NetworkConstants(link_bps=1e9)
+    plain = simulate(config("mpca", network=base, max_virtual_s=6.0))
+    cpu = simulate(config("mpca", network=NetworkConstants(link_bps=1e9, exchange_cpu_s_per_mb=1.0, host_cores=1),
+                          max_virtual_s=6.0))
+    for c in (0, 2):  # cycle 0: shards up only; cycle 2: a broadcast too (the pipeline is full)
+        a, b = plain.cycles[c], cpu.cycles[c]
+        assert b.bytes_up == a.bytes_up > 0 and b.bytes_out == a.bytes_out
+        up, down = a.bytes_up / 2, a.bytes_out / 2  # per agent; the driver sends each broadcast twice at K = 2
+        assert (b.end - b.start) - (a.end - a.start) == pytest.approx((up + down) / 1e6 * 1.0 * 2, rel=1e-6)
+    assert plain.cycles[2].bytes_out > 0
+
+
+def test_service_round_trips_are_charged_the_exchange_cpu_too():
+    """EASGD's requests: at 50 s/MB each round trip costs its agent (request + answer bytes) × 50 s more
+    (~0.5 s for the tiny model), so the agents take fewer steps in the same virtual time (1 s steps, 20 s)."""
+    plain = simulate(config({"name": "easgd", "every": 2}, network=NetworkConstants(link_bps=1e9)))
+    cpu = simulate(config({"name": "easgd", "every": 2},
+                          network=NetworkConstants(link_bps=1e9, exchange_cpu_s_per_mb=50.0)))
+    per_request = (plain.service_bytes_in + plain.service_bytes_out) / plain.service_requests / 1e6 * 50.0
+    assert per_request > 0.2
+    assert cpu.steps < plain.steps
+
+
 def test_lossy_wire_formats_move_fewer_bytes():
     fp32 = simulate(config("mpca", max_virtual_s=5.0))
     int8 = simulate(config("mpca", wire="int8", max_virtual_s=5.0))
