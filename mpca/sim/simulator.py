@@ -32,6 +32,7 @@ row carries the driver rule's ``metrics()`` since the last one (e.g. Rudra's ⟨
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -145,7 +146,8 @@ class Simulator:
                                           "compute": {"step_s": cfg.compute.step_s, "jitter": cfg.compute.jitter,
                                                       "speeds": dict(cfg.compute.speeds)},
                                           "batch_size": cfg.batch_size, "seed": cfg.seed,
-                                          "parameters": self.layout.total_numel},
+                                          "parameters": self.layout.total_numel,
+                                          "workload": dataclasses.asdict(cfg.workload)},
                                 targets=list(cfg.targets))
         self.done = False
 

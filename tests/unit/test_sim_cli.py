@@ -27,7 +27,7 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, says, capsys):
 def test_a_short_simulation_prints_the_constants_and_writes_json(tmp_path, capsys):
     out = tmp_path / "sim.json"
     code = main(["simulate", "-k", "2", "--hidden", "16", "--rows", "200", "--max-seconds", "3", "--step-s", "0.1",
-                 "--targets", "0.95", "--exchange-cpu", "0.06", "--host-cores", "2", "--json", str(out)])
+                 "--targets", "0.95", "--exchange-cpu", "0.06", "--host-cores", "2", "--holdout", "300", "--json", str(out)])
     printed = capsys.readouterr().out
     assert code == 0
     assert "constants: link 100 Mbit/s" in printed and "job overhead 0.25 s" in printed
@@ -36,3 +36,4 @@ def test_a_short_simulation_prints_the_constants_and_writes_json(tmp_path, capsy
     data = json.loads(out.read_text())
     assert data["constants"]["link_bps"] == 100e6 and data["history"]
     assert data["constants"]["exchange_cpu_s_per_mb"] == 0.06 and data["constants"]["host_cores"] == 2
+    assert data["settings"]["workload"]["holdout"] == 300 and data["settings"]["workload"]["rows_per_agent"] == 200
