@@ -12,7 +12,11 @@
 #    (labelled so by the benchmark itself).
 # REPEATS (default 3) and PULL=0 (skip step 3) shorten a pass.
 # Writes at most 5 files to OUT_DIR: facts.txt, test-gpu.log, bench.log, compare.json, compare.png.
-# Needs python3 with torch, pyspark, pytest (and pytest-timeout) importable, and java on PATH.
+# Needs python3 with torch, pyspark, pytest (and pytest-timeout) importable, and java on PATH; the emulated
+# cluster needs root, ip and tc (iproute2) and network namespaces.  A trimmed Spark jar set must keep Arrow's
+# jars (arrow-vector, arrow-format, arrow-memory-core, arrow-memory-netty, arrow-memory-netty-buffer-patch,
+# arrow-compression, flatbuffers-java): without them every DataFrame built from Arrow fails in the JVM, and
+# pyspark's collect of Arrow batches waits forever on the dead thread.
 set -u
 out=${1:?usage: lab/gpu_host.sh OUT_DIR [SECONDS]}
 deadline=$(( $(date +%s) + ${2:-540} ))
