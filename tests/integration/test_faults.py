@@ -1,5 +1,6 @@
 """Numerical faults: an agent whose loss and parameters turn NaN never poisons the joint model."""
 import math
+import time
 
 import pytest
 import torch
@@ -46,9 +47,21 @@ def test_a_hung_agent_is_left_out_after_a_bounded_wait_and_rejoins(spark, caplog
     it never falls into the agents' start-up, which waits for every agent)."""
     caplog.set_level("WARNING", logger="mpca.pipeline")
     go = tmp_path / "cycles-under-way"
-    fit = Trainer(helpers.hanging_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam, agents=2,
-                  input_shape=(1, 8, 8), agent_wait_s=2.0, max_seconds=30, eval_every_cycles=10, spark=spark,
-                  on_cycle=lambda row: row["cycle"] > 0 and go.touch()).fit(dataset_dataframe(spark, "digits"))
+    armed_at = []
+
+    def on_cycle(row):  # the hang fires once go exists; the run stops 16 s later (8 s hang, then its return)
+        if row["cycle"] > 0 and not armed_at:
+            go.touch()
+            armed_at.append(time.time())
+        elif armed_at and time.time() - armed_at[0] > 16:
+            trainer.request_stop()
+
+    # not a fixed max_seconds: on a slow start-up the hang came so late that the run ended inside it (CI)
+    trainer = Trainer(helpers.hanging_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam, agents=2,
+                      input_shape=(1, 8, 8), agent_wait_s=2.0, max_seconds=90, eval_every_cycles=10, spark=spark,
+                      on_cycle=on_cycle)
+    fit = trainer.fit(dataset_dataframe(spark, "digits"))
+    assert armed_at and fit.stop_reason != "max_seconds", (armed_at, fit.stop_reason)
     without = [c for c in fit.timeline.cycles if 1 in c.missing]
     assert len(without) >= 3, [c.missing for c in fit.timeline.cycles]  # training went on without it
     assert max(_cycle_seconds(fit)) < 6.0, max(_cycle_seconds(fit))  # bounded: about agent_wait_s, not the hang
