@@ -46,6 +46,19 @@ def _median_time(fn, device: torch.device, repeats: int, warmup: int = 2) -> flo
     return statistics.median(times)
 
 
+def agent_with_targets(model: torch.nn.Module, optimizer, device: torch.device, shards: int, offset: float,
+                       alpha: float) -> MPCAAgent:
+    """An MPCA agent rule on ``model`` holding, for every shard, the target ``offset`` away from the model,
+    delivered as the runtime delivers them (``receive``): its ``before_step`` is the fused Eq. 7 pull."""
+    bound = ShardLayout.from_module(model, shards).bind_module(model)
+    ctx = AgentContext(agent_id=0, agents=2, model=model, optimizer=optimizer, shards=bound, device=device,
+                       lock=threading.Lock())
+    agent = MPCAAgent(ctx)
+    for s in range(shards):
+        agent.receive(s, bound.split(s, bound.read(s, device=device) + offset), {"alpha": alpha})
+    return agent
+
+
 def measure(model_name: str, device: torch.device, batch: int, repeats: int, shards: int = 3) -> dict:
     build, shape = MODELS[model_name]
     torch.manual_seed(0)
@@ -53,14 +66,7 @@ def measure(model_name: str, device: torch.device, batch: int, repeats: int, sha
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x = torch.randn(batch, *shape, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
-    layout = ShardLayout.from_module(model, shards)
-    bound = layout.bind_module(model)
-    ctx = AgentContext(agent_id=0, agents=2, model=model, optimizer=opt, shards=bound, device=device,
-                       lock=threading.Lock())
-    agent = MPCAAgent(ctx)  # the agent's own rule, with its targets delivered as the runtime delivers them
-    for s in range(shards):
-        agent.receive(s, bound.split(s, bound.read(s, device=device) + 0.01), {"alpha": 0.05})
-    pull = agent.before_step
+    pull = agent_with_targets(model, opt, device, shards, offset=0.01, alpha=0.05).before_step
 
     def step():
         opt.zero_grad(set_to_none=True)

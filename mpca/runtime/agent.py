@@ -29,6 +29,7 @@ from mpca.config import DataSection, TrainingSection, WireSection
 from mpca.data.checks import label_counts, labels_problem
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError, listen
+from mpca.runtime.cluster import visible_gpus
 from mpca.runtime.reports import AgentReport
 
 log = logging.getLogger("mpca.agent")
@@ -138,10 +139,8 @@ def model_state(model: torch.nn.Module) -> Dict[str, np.ndarray]:
 
 def choose_device(gpu_addresses: List[str]) -> torch.device:
     """cuda:<addr> for the GPU Spark assigned to this task when CUDA is real, else the CPU."""
-    if gpu_addresses and torch.cuda.is_available():
-        idx = int(gpu_addresses[0])
-        if idx < torch.cuda.device_count():
-            return torch.device(f"cuda:{idx}")
+    if gpu_addresses and int(gpu_addresses[0]) < visible_gpus():
+        return torch.device(f"cuda:{int(gpu_addresses[0])}")
     return torch.device("cpu")
 
 

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 import torch
@@ -56,8 +55,7 @@ def test_ddp_agents_on_gpus_train_and_agree(spark):
 
 def test_the_eq7_pull_on_cuda_equals_the_pull_on_the_cpu():
     """The agent rule's fused Eq. 7 pull (mpca.algorithm.mpca) gives the same replica on the GPU as on the CPU."""
-    from mpca.algorithm import AgentContext, ShardLayout
-    from mpca.algorithm.mpca import MPCAAgent
+    from mpca.bench.pull import agent_with_targets
 
     results = []
     for device in (torch.device("cpu"), torch.device("cuda")):
@@ -65,14 +63,7 @@ def test_the_eq7_pull_on_cuda_equals_the_pull_on_the_cpu():
         model = helpers.small_cnn().to(device)
         before = [p.detach().cpu().clone() for p in model.parameters()]
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        layout = ShardLayout.from_module(model, 3)
-        bound = layout.bind_module(model)
-        ctx = AgentContext(agent_id=0, agents=2, model=model, optimizer=opt, shards=bound, device=device,
-                           lock=threading.Lock())
-        agent = MPCAAgent(ctx)
-        for s in range(3):
-            agent.receive(s, bound.split(s, bound.read(s, device=device) + 0.25), {"alpha": 0.2})
-        agent.before_step()
+        agent_with_targets(model, opt, device, shards=3, offset=0.25, alpha=0.2).before_step()
         results.append([p.detach().cpu() for p in model.parameters()])
     for cpu, gpu, start in zip(*results, before):
         torch.testing.assert_close(gpu, cpu, rtol=1e-5, atol=1e-6)
