@@ -11,7 +11,7 @@ grows with the data.  A dry run (``mpca train --dry-run``) still aggregates ever
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -26,20 +26,22 @@ NO_ROWS = "the training data has no rows; check data.path (or the DataFrame's fi
 
 
 def check_label_range(lo: Optional[float], hi: Optional[float], rows: int, label: str) -> None:
+    """Rows and labels there at all; whether they fit the model is :func:`labels_outside`'s, once the model's
+    first batch (:func:`check_batch`) has said whether they are class indices."""
     if rows == 0:
         raise UserError(NO_ROWS)
     if lo is None or hi is None:
         raise UserError(f"label column {label!r} holds only nulls")
-    problem = labels_outside(lo, hi, label)
-    if problem:
-        raise UserError(problem)
 
 
-def labels_outside(lo: float, hi: float, label: str, classes: Optional[int] = None) -> Optional[str]:
-    """The one line for labels below 0 or (with the model's ``classes``) at or above its class count."""
+def labels_outside(lo: float, hi: float, label: str, classes: Optional[int]) -> Optional[str]:
+    """The one line for class-index labels (the model outputs ``classes`` scores) outside 0..classes-1, or
+    None; labels that are not class indices (``classes`` None: regression targets) may take any value."""
+    if classes is None:
+        return None
     if lo < 0:
         return f"label column {label!r} holds negative values (min {lo:g}); class labels are 0..C-1"
-    if classes is not None and hi >= classes:
+    if hi >= classes:
         return (f"labels reach {hi:g} but the model outputs {classes} classes (labels must lie in 0..{classes - 1}); "
                 "fix the labels or the model's output size")
     return None
@@ -97,9 +99,11 @@ def label_skew(per_agent: Mapping[int, Optional[Mapping[str, int]]],
 
 
 def check_batch(model_fn: Callable, loss_fn: Callable, optimizer_fn: Callable, x: torch.Tensor, y: torch.Tensor,
-                label_max: Optional[float] = None, input_shape: Sequence[int] = ()) -> Optional[int]:
+                label_range: Optional[Tuple[float, float]] = None, label: str = "label",
+                input_shape: Sequence[int] = ()) -> Optional[int]:
     """One forward, loss, backward and optimizer construction on a few rows, as an agent would do; returns
-    the model's class count when the labels are class indices (None for other labels)."""
+    the model's class count when the labels are class indices (None for other labels), after checking
+    ``label_range`` (the labels' min and max over the rows checked) against it."""
     try:
         model = model_fn()
     except Exception as e:  # noqa: BLE001 - the user's function
@@ -114,7 +118,7 @@ def check_batch(model_fn: Callable, loss_fn: Callable, optimizer_fn: Callable, x
         raise UserError(f"the model cannot take the data's rows (shape {tuple(x.shape)}, data.input_shape "
                         f"{list(input_shape)}): {_first_line(e)}") from None
     classes = int(out.shape[1]) if out.dim() == 2 and not torch.is_floating_point(y) else None
-    problem = labels_outside(0, label_max, "", classes) if label_max is not None else None
+    problem = labels_outside(*label_range, label, classes) if label_range is not None else None
     if problem:
         raise UserError(problem)
     try:
@@ -165,7 +169,7 @@ def check_parquet(path: str, features: str, label: str, input_shape: Sequence[in
     check_label_range(lo, hi, rows, label)
     sample = data.head(sample_rows, columns=[features, label])
     x, y = tensors(sample, features, label, input_shape)
-    check_batch(model_fn, loss_fn, optimizer_fn, x, y, hi, input_shape)
+    check_batch(model_fn, loss_fn, optimizer_fn, x, y, (lo, hi), label, input_shape)
 
 
 def check_dataframe(df, features: str, label: str, input_shape: Sequence[int], model_fn: Callable,
@@ -189,4 +193,4 @@ def check_dataframe(df, features: str, label: str, input_shape: Sequence[int], m
         sample = sample.slice(0, sample_rows)
     check_label_range(lo, hi, rows, label)
     x, y = tensors(sample, features, label, input_shape)
-    return check_batch(model_fn, loss_fn, optimizer_fn, x, y, hi, input_shape)
+    return check_batch(model_fn, loss_fn, optimizer_fn, x, y, (lo, hi), label, input_shape)

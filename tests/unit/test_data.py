@@ -81,3 +81,31 @@ def test_an_agent_refuses_labels_below_zero_or_past_the_models_classes_in_one_li
     assert "negative values (min -1)" in labels_problem(torch.tensor([-1, 2]), 10, "y")
     assert labels_problem(torch.tensor([0.5, 40.0]), None, "label") is None  # regression targets: no class count
     assert labels_problem(torch.tensor([], dtype=torch.int64), 10, "label") is None  # an empty partition
+    assert labels_problem(torch.tensor([-2.5, 40.0]), None, "label") is None  # regression: negatives too
+
+
+def test_negative_regression_targets_pass_the_drivers_checks_and_negative_class_labels_do_not(tmp_path):
+    """Labels are held to 0..C-1 only when they are class indices (the model's first batch says so): a
+    regression target may be negative."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    from mpca.data.checks import check_parquet
+    from mpca.errors import UserError
+
+    def write(name, labels):
+        rows = len(labels)
+        table = pa.table({"features": pa.array([[float(i), 1.0, -1.0] for i in range(rows)]), "label": labels})
+        pq.write_table(table, str(tmp_path / name))
+        return str(tmp_path / name)
+
+    def run(path, model, loss):
+        return check_parquet(path, "features", "label", (3,), lambda: model, loss,
+                             lambda p: torch.optim.SGD(p, lr=0.1))
+
+    targets = write("targets.parquet", pa.array([-3.5, 0.25, -0.5, 2.0], type=pa.float32()))
+    run(targets, torch.nn.Linear(3, 1), lambda out, y: torch.nn.functional.mse_loss(out.squeeze(1), y))
+    classes = write("classes.parquet", pa.array([1, -1, 0, 2], type=pa.int64()))
+    with pytest.raises(UserError, match="holds negative values \\(min -1\\)"):
+        run(classes, torch.nn.Linear(3, 4), torch.nn.functional.cross_entropy)
