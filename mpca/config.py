@@ -210,7 +210,8 @@ class CheckpointSection(_Strict):
 
 class ClusterSection(_Strict):
     master: str = Field("existing", description="local-cluster[K,C,MB] or 'existing' (the active session)")
-    executor_wait_s: float = Field(60.0, gt=0)
+    executor_wait_s: float = Field(60.0, gt=0, description="seconds to wait for executors with room for the agents "
+                                   "(one executor each, or fewer with several GPUs or agent slots each)")
     agent_start_timeout_s: float = Field(180.0, gt=0)
     agent_wait_s: Optional[float] = Field(None, gt=0, description="how long a cycle waits for a silent (hung or "
                                           "lost) agent before going on without it (None: 5 x the median recent "

@@ -228,15 +228,27 @@ def decommissioning(sc, executors) -> set:
         return set()
 
 
-def inspect_cluster(sc, wait_for: int, wait_s: float = 60.0) -> ClusterShape:
-    """Wait (up to ``wait_s``) until ``wait_for`` executors registered, then describe the cluster."""
+def inspect_cluster(sc, wait_for: int, wait_s: float = 60.0, use_gpus: Optional[bool] = None) -> ClusterShape:
+    """Wait (up to ``wait_s``) until the registered executors have room for ``wait_for`` agents (one executor
+    each, or fewer where an executor hosts several: GPUs, ``agentslot`` addresses), then describe the cluster.
+    ``use_gpus``: as :func:`uses_gpus` (None: where the executors have GPUs)."""
     master = sc.master or ""
     if master.startswith("local[") or master == "local":
         raise UserError(f"master {master!r} has no executors for agents; use local-cluster[K,2,1024] "
                         "(mpca.runtime.cluster.local_session), standalone, YARN or Kubernetes")
     deadline = time.time() + wait_s
-    while executor_count(sc) < wait_for and time.time() < deadline:
+    while True:
+        shape = _shape_now(sc, master)
+        per = agents_per_executor(shape, uses_gpus(shape, use_gpus))
+        if shape.executors and (per * shape.executors >= wait_for or per == 0):  # room, or never any (too few cores)
+            return shape
+        if time.time() >= deadline:
+            return shape
         time.sleep(0.2)
+
+
+def _shape_now(sc, master: str) -> ClusterShape:
+    """The cluster as registered now: executors, and cores / GPUs / agent slots per executor from the conf."""
     n = executor_count(sc)
     cores = _conf_int(sc, "spark.executor.cores", 0)
     local = parse_local_cluster(master)
@@ -247,6 +259,16 @@ def inspect_cluster(sc, wait_for: int, wait_s: float = 60.0) -> ClusterShape:
     gpus = _conf_int(sc, "spark.executor.resource.gpu.amount", 0)
     slots = _conf_int(sc, f"spark.executor.resource.{AGENT_SLOT}.amount", 0)
     return ClusterShape(n, cores, gpus, slots)
+
+
+def uses_gpus(shape: ClusterShape, use_gpus: Optional[bool]) -> bool:
+    """Whether the agents train on GPUs: ``training.use_gpus`` where set, else where the executors have them."""
+    return use_gpus if use_gpus is not None else shape.gpus_per_executor > 0
+
+
+def agent_capacity(shape: ClusterShape, use_gpus: bool) -> int:
+    """How many agents the cluster hosts: :func:`agents_per_executor` on every executor."""
+    return agents_per_executor(shape, use_gpus) * shape.executors
 
 
 def agents_per_executor(shape: ClusterShape, use_gpus: bool) -> int:
@@ -267,8 +289,7 @@ def check_capacity(shape: ClusterShape, agents: int, use_gpus: bool) -> None:
     """Fail fast (never hang waiting for slots) when the cluster cannot host ``agents`` agents."""
     if agents < 1:
         raise UserError(f"agents must be >= 1, got {agents}")
-    per = agents_per_executor(shape, use_gpus)
-    capacity = per * shape.executors
+    capacity = agent_capacity(shape, use_gpus)
     if capacity < agents:
         need = "1 GPU and 2 cores" if use_gpus else "2 cores (one for the agent, one for its exchange tasks)"
         raise ClusterTooSmallError(
@@ -284,8 +305,8 @@ def agents_fit(sc, settings) -> Tuple[ClusterShape, bool]:
     elastic range: the others wait for Spark to find them room) — one line otherwise."""
     training = settings.training
     refuse_dynamic_allocation(sc.getConf())
-    shape = inspect_cluster(sc, training.start_agents, settings.cluster.executor_wait_s)
-    use_gpus = training.use_gpus if training.use_gpus is not None else shape.gpus_per_executor > 0
+    shape = inspect_cluster(sc, training.start_agents, settings.cluster.executor_wait_s, training.use_gpus)
+    use_gpus = uses_gpus(shape, training.use_gpus)
     if use_gpus and shape.gpus_per_executor == 0:
         raise UserError("use_gpus=True but the executors have no GPUs (set spark.executor.resource.gpu.amount)")
     check_capacity(shape, training.start_agents, use_gpus)

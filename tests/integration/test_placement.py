@@ -62,6 +62,8 @@ def test_executors_with_two_agent_slots_hold_two_agents_each_with_one_job_per_cy
     fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=4, input_shape=(1, 8, 8),
                   max_cycles=12, eval_every_cycles=100, device_step_s=0.05, spark=spark).fit(df)
     assert sorted(Counter(s["executor"] for s in fit.agents).values()) == [2, 2], fit.agents
+    # the driver waited for room for four agents (two executors), not for four executors (executor_wait_s, 60 s)
+    assert fit.prepare_s < 30, fit.prepare_s
     jobs = fit.counters.jobs
     assert (jobs["cycle"] + jobs["correction"]) / fit.cycles <= 1.05, jobs
     assert all(sorted(c.agents) == [0, 1, 2, 3] for c in fit.timeline.cycles)

@@ -1,5 +1,8 @@
 """Runtime pieces that need no Spark: record merging, capacity checks, session kind."""
+import time
+
 import numpy as np
+
 import pytest
 
 from mpca.algorithm import WeightedSum
@@ -36,6 +39,49 @@ def test_capacity_rule_two_cores_per_agent():
     check_capacity(ClusterShape(1, 8, 4, 0), 4, use_gpus=True)
     with pytest.raises(ClusterTooSmallError):
         check_capacity(ClusterShape(1, 6, 4, 0), 4, use_gpus=True)  # 4 GPUs but cores for 3 agents
+
+
+class _RegisteringCluster:
+    """What inspect_cluster reads of a SparkContext: the master, its conf, and executors registering one more
+    each time they are counted (the driver's block manager counts as one, as in Spark)."""
+
+    def __init__(self, master, conf, executors):
+        self.master, self.conf, self.registered, self.counted = master, conf, 0, 0
+        self.executors = executors
+        self.defaultParallelism = 2
+        self._jsc = self
+
+    def sc(self):
+        return self
+
+    def getConf(self):
+        return self.conf
+
+    def getExecutorMemoryStatus(self):
+        self.counted += 1
+        self.registered = min(self.executors, self.registered + 1)
+        return self
+
+    def size(self):
+        return self.registered + 1
+
+
+def test_the_driver_waits_for_room_for_the_agents_not_for_one_executor_per_agent(monkeypatch):
+    """Four agents on two executors of two agent slots each: the wait ends once both executors registered
+    (it once waited for four executors, the whole executor_wait_s, on every start of such a cluster)."""
+    from mpca.runtime import cluster
+
+    monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
+    slots = {"spark.executor.resource.agentslot.amount": "2"}
+    sc = _RegisteringCluster("local-cluster[2,4,1024]", slots, executors=2)
+    t = time.time()
+    shape = cluster.inspect_cluster(sc, 4, wait_s=5.0)
+    assert (shape.executors, shape.agent_slots_per_executor) == (2, 2) and time.time() - t < 1.0
+    assert cluster.agent_capacity(shape, use_gpus=False) == 4
+    one_each = _RegisteringCluster("local-cluster[3,2,1024]", {}, executors=3)  # one agent per executor: all three
+    assert cluster.inspect_cluster(one_each, 3, wait_s=5.0).executors == 3
+    few_cores = _RegisteringCluster("local-cluster[2,1,1024]", {}, executors=2)  # room for none: no wait
+    assert cluster.inspect_cluster(few_cores, 2, wait_s=5.0).executors == 1 and few_cores.counted == 1
 
 
 def test_spark_connect_is_refused():
