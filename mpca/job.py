@@ -241,6 +241,7 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
         "agents": cfg.training.agents, "algorithm": cfg.algorithm.name, "layout": fit.layout,
         "agent_devices": [a.get("device") for a in sorted(fit.agents, key=lambda a: a.get("agent", 0))],
         "paths": {**{k: target_path(v) if v else None for k, v in names.items()}, "checkpoints": cfg.checkpoint.dir},
+        "tracking": trackers.describe() if trackers is not None else {},  # e.g. the MLflow run and model URI
     }
     write_json(os.path.join(local, "summary.json"), summary)
     if remote:

@@ -91,7 +91,7 @@ class MLflowTracker:
             if experiment:
                 mlflow.set_experiment(experiment)
         self.run_name, self.register_as = run_name, register_as
-        self.run, self.run_id, self.owns_run = None, None, True
+        self.run, self.run_id, self.experiment_id, self.owns_run = None, None, None, True
         self.example = None  # a few rows of features shaped as the model's input (take_input_example)
         self.model_uri: Optional[str] = None  # the logged MLflow model, after log_outputs
 
@@ -99,7 +99,7 @@ class MLflowTracker:
         active = self.mlflow.active_run()
         self.owns_run = active is None
         self.run = self.mlflow.start_run(run_name=self.run_name) if active is None else active
-        self.run_id = self.run.info.run_id
+        self.run_id, self.experiment_id = self.run.info.run_id, self.run.info.experiment_id
         from mlflow.exceptions import MlflowException
 
         try:
@@ -126,6 +126,15 @@ class MLflowTracker:
             if self.owns_run:
                 self.mlflow.end_run(status="FINISHED" if result is not None else "FAILED")
             self.run = None
+
+    def describe(self) -> Dict[str, Any]:
+        """Where this job's MLflow run is, for ``summary.json`` (a scheduler promotes the model from there):
+        run id, experiment id, tracking URI, the model's URI and the registered name (None before the run)."""
+        if self.run_id is None:
+            return {}
+        return {"mlflow": {"run_id": self.run_id, "experiment_id": self.experiment_id,
+                           "tracking_uri": self.mlflow.get_tracking_uri(),
+                           "model_uri": f"runs:/{self.run_id}/{MODEL_NAME}", "registered_as": self.register_as}}
 
     def take_input_example(self, df, data) -> None:
         """A few rows' features of the training DataFrame (``data``: its features, label and input_shape) as
@@ -235,6 +244,9 @@ class TensorBoardTracker:
             self.writer.close()
             self.writer = None
 
+    def describe(self) -> Dict[str, Any]:
+        return {"tensorboard": {"log_dir": self.log_dir}}
+
 
 class Trackers:
     """Several hooks as one ``on_cycle``."""
@@ -265,6 +277,14 @@ class Trackers:
         for h in self.hooks:
             if hasattr(h, "log_outputs"):
                 h.log_outputs(outputs)
+
+    def describe(self) -> Dict[str, Any]:
+        """Each tracker's whereabouts (``summary.json``'s ``tracking``): ``mlflow``, ``tensorboard``."""
+        out: Dict[str, Any] = {}
+        for h in self.hooks:
+            if hasattr(h, "describe"):
+                out.update(h.describe())
+        return out
 
 
 def mlflow_from_environment() -> bool:

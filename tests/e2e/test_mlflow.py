@@ -90,6 +90,9 @@ def test_train_logs_and_registers_the_model_on_a_tracking_server(tmp_path, mlflo
 
     version = client.get_model_version("digits-cnn", "1")
     assert version.run_id == run.info.run_id
+    assert summary["tracking"]["mlflow"] == {  # a scheduler finds the run and the model from summary.json
+        "run_id": run.info.run_id, "experiment_id": run.info.experiment_id, "tracking_uri": mlflow_server,
+        "model_uri": f"runs:/{run.info.run_id}/model", "registered_as": "digits-cnn"}
     info = mlflow.models.get_model_info(f"runs:/{run.info.run_id}/model")
     (spec,) = info.signature.inputs.inputs  # signature and input example from the training rows
     assert (str(spec.type), spec.shape) == ("float32", (-1, 1, 8, 8))

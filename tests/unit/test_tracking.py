@@ -25,6 +25,7 @@ def test_tensorboard_writes_scalars(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     assert [(e.step, round(e.value, 3)) for e in acc.Scalars("mpca/holdout_error")] == [(5, 0.5), (10, 0.2)]
+    assert hooks.describe() == {"tensorboard": {"log_dir": str(tmp_path / "tb")}}  # summary.json's tracking
 
 
 def test_config_section_and_flat_params():
