@@ -112,6 +112,29 @@ def executor_killing_cnn_fn(after=None):
     return faulty(small_cnn, "kill-executor", after=after)
 
 
+class FaultThenRecovery:
+    """An ``on_cycle`` hook for the fault tests: arms the fault (creates the file ``go``) at the first evaluation
+    after a cycle, never at start-up; once an evaluation found an agent missing (``row["agents"]`` below
+    ``agents``) and ``after`` later ones found all of them again, it stops the run (``trainer``, set once
+    built) — rather than run to a fixed time that is long on a fast machine and may be short on a slow one."""
+
+    def __init__(self, go, agents: int = 2, after: int = 3):
+        self.go, self.agents, self.after = go, agents, after
+        self.trainer = None
+        self.lost = False
+        self.back = 0
+
+    def __call__(self, row) -> None:
+        if row["cycle"] > 0 and not self.go.exists():
+            self.go.touch()
+        elif self.go.exists() and row["agents"] and row["agents"] < self.agents:
+            self.lost, self.back = True, 0
+        elif self.lost and row["agents"] == self.agents:
+            self.back += 1
+            if self.back >= self.after and self.trainer is not None:
+                self.trainer.request_stop()
+
+
 def assert_replayed_handshake_refused(connect_raw, secret: bytes) -> None:
     """A recording of a good client's handshake (its nonce and MAC) is worthless on a new connection: the
     server's fresh nonce makes the old MAC wrong, and a request sent after it gets no answer."""

@@ -14,10 +14,11 @@ pytestmark = pytest.mark.cluster()
                          ids=["sync", "diloco"])
 def test_rounds_go_on_with_the_survivor_and_the_replacement_joins_the_current_round(spark, tmp_path, algorithm):
     go = tmp_path / "cycles-under-way"  # the kill comes once a cycle has been evaluated, never at start-up
-    fit = Trainer(helpers.executor_killing_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam, agents=2,
-                  input_shape=(1, 8, 8), algorithm=algorithm, max_seconds=45, eval_every_cycles=5,
-                  agent_wait_s=5.0, spark=spark, on_cycle=lambda row: row["cycle"] > 0 and go.touch()
-                  ).fit(dataset_dataframe(spark, "digits"))
+    hook = helpers.FaultThenRecovery(go)  # stops 3 evaluations after both agents are back (45 s at most)
+    hook.trainer = Trainer(helpers.executor_killing_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam,
+                           agents=2, input_shape=(1, 8, 8), algorithm=algorithm, max_seconds=45, eval_every_cycles=5,
+                           agent_wait_s=5.0, spark=spark, on_cycle=hook)
+    fit = hook.trainer.fit(dataset_dataframe(spark, "digits"))
     cycles = fit.timeline.cycles
     lost = [i for i, c in enumerate(cycles) if 1 in c.missing]
     assert lost, "agent 1 was never missing: the fault did not fire"
@@ -39,10 +40,11 @@ def test_a_service_replacement_starts_from_the_servers_current_model(spark, tmp_
     its first step (not the run's first model, w⁰): its first reported loss is the trained model's, not the
     initial ~2.3, and the timeline records the join."""
     go = tmp_path / "cycles-under-way"
-    fit = Trainer(helpers.executor_killing_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam, agents=2,
-                  input_shape=(1, 8, 8), algorithm=algorithm, max_seconds=40, eval_every_cycles=3,
-                  spark=spark, on_cycle=lambda row: row["cycle"] > 0 and go.touch()
-                  ).fit(dataset_dataframe(spark, "digits"))
+    hook = helpers.FaultThenRecovery(go)
+    hook.trainer = Trainer(helpers.executor_killing_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam,
+                           agents=2, input_shape=(1, 8, 8), algorithm=algorithm, max_seconds=40, eval_every_cycles=3,
+                           spark=spark, on_cycle=hook)
+    fit = hook.trainer.fit(dataset_dataframe(spark, "digits"))
     cycles = fit.timeline.cycles
     joined = [i for i, c in enumerate(cycles) if 1 in c.joined]
     assert joined, "no replacement of agent 1 joined: the fault did not fire or the join was not recorded"
@@ -61,10 +63,11 @@ def test_ddp_reforms_its_group_with_the_survivor_then_with_the_replacement(spark
     alone (training on meanwhile); Spark's retried task asks to join and both re-form from the survivor's model
     and optimizer state, bit-identical again — no checkpoint, no restart of the run."""
     go = tmp_path / "cycles-under-way"
-    fit = Trainer(helpers.executor_killing_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam, agents=2,
-                  input_shape=(1, 8, 8), algorithm={"name": "ddp", "verify_every": 1}, max_seconds=45,
-                  eval_every_cycles=5, agent_wait_s=5.0, spark=spark,
-                  on_cycle=lambda row: row["cycle"] > 0 and go.touch()).fit(dataset_dataframe(spark, "digits"))
+    hook = helpers.FaultThenRecovery(go)
+    hook.trainer = Trainer(helpers.executor_killing_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam,
+                           agents=2, input_shape=(1, 8, 8), algorithm={"name": "ddp", "verify_every": 1},
+                           max_seconds=45, eval_every_cycles=5, agent_wait_s=5.0, spark=spark, on_cycle=hook)
+    fit = hook.trainer.fit(dataset_dataframe(spark, "digits"))
     cycles = fit.timeline.cycles
     lost = [i for i, c in enumerate(cycles) if 1 in c.missing]
     assert lost, "agent 1 was never missing: the fault did not fire"

@@ -198,9 +198,10 @@ def _cli(out, *overrides):
 def test_each_algorithm_trains_digits_through_the_cli_and_resumes_its_checkpoint(spark, tmp_path, name):
     assert name in algorithm_names()
     extra = ["training.agents=1"] if name == "single" else []
-    code, first = _cli(tmp_path, f"algorithm.name={name}", "stop.max_seconds=20", *extra)
-    assert code == 0 and first["algorithm"] == name, first
-    assert first["final_holdout_error"] < 0.25, first  # chance is 0.9
+    # until an error of 24% (chance is 90%), not a fixed time: a missed target is exit code 4 after 60 s
+    code, first = _cli(tmp_path, f"algorithm.name={name}", "stop.target_error=0.24", "stop.max_seconds=60", *extra)
+    assert code == 0 and first["algorithm"] == name and first["status"] == "target_reached", first
+    assert first["final_holdout_error"] < 0.25, first
     from mpca import checkpoint
 
     ck = checkpoint.latest(first["paths"]["checkpoints"])

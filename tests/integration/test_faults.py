@@ -79,10 +79,11 @@ def test_a_lost_executor_costs_at_most_two_slow_cycles_and_its_agent_rejoins_fro
     replacement executor, waits for the joint model, joins, and contributes again."""
     caplog.set_level("INFO", logger="mpca.pipeline")
     go = tmp_path / "cycles-under-way"  # the kill comes once a cycle has been evaluated (not the initial model), never at start-up
-    fit = Trainer(helpers.executor_killing_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam, agents=2,
-                  input_shape=(1, 8, 8), max_seconds=75, eval_every_cycles=10, spark=spark,
-                  on_cycle=lambda row: row["cycle"] > 0 and go.touch()).fit(
-        dataset_dataframe(spark, "digits"))
+    hook = helpers.FaultThenRecovery(go)  # stops 3 evaluations after both agents are back (75 s at most)
+    hook.trainer = Trainer(helpers.executor_killing_cnn_fn(after=str(go)), helpers.cross_entropy, helpers.adam,
+                           agents=2, input_shape=(1, 8, 8), max_seconds=75, eval_every_cycles=10, spark=spark,
+                           on_cycle=hook)
+    fit = hook.trainer.fit(dataset_dataframe(spark, "digits"))
     cycles = fit.timeline.cycles
     lost = [i for i, c in enumerate(cycles) if 1 in c.missing]
     assert lost, "agent 1 was never missing: the fault did not fire"
