@@ -88,7 +88,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--job-overhead", type=float, default=None, help="seconds per Spark job (default: the constant)")
     add_exchange_cpu_arguments(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the run's seed: initial model, batch order, step jitter")
+    p.add_argument("--task-seed", type=int, default=None,
+                   help="the teacher task's seed (default: --seed; 0 is the benchmark's task, conf/teacher_mlp.yaml): "
+                        "keep it fixed and vary --seed to see one task's run-to-run spread")
     p.add_argument("--json", default=None, help="write the result here as JSON")
     p.add_argument("overrides", nargs="*", help="algorithm.KEY=VALUE, e.g. algorithm.every=20")
 
@@ -105,7 +108,8 @@ def config_from(args) -> SimConfig:
                          wire=args.wire, network=net,
                          compute=ComputeModel(step_s=args.step_s, jitter=args.jitter, speeds=parse_speeds(args.speeds),
                                               seed=args.seed),
-                         workload=TeacherWorkload(hidden=hidden, rows_per_agent=args.rows, holdout=args.holdout, lr=args.lr, seed=args.seed),
+                         workload=TeacherWorkload(hidden=hidden, rows_per_agent=args.rows, holdout=args.holdout, lr=args.lr,
+                                                   seed=args.seed if args.task_seed is None else args.task_seed),
                          batch_size=args.batch_size, max_virtual_s=args.max_seconds, eval_every_s=args.eval_every,
                          targets=tuple(parse_floats(args.targets)), seed=args.seed)
     except ValidationError as e:

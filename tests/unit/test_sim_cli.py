@@ -37,3 +37,16 @@ def test_a_short_simulation_prints_the_constants_and_writes_json(tmp_path, capsy
     assert data["constants"]["link_bps"] == 100e6 and data["history"]
     assert data["constants"]["exchange_cpu_s_per_mb"] == 0.06 and data["constants"]["host_cores"] == 2
     assert data["settings"]["workload"]["holdout"] == 300 and data["settings"]["workload"]["rows_per_agent"] == 200
+    assert data["settings"]["workload"]["seed"] == data["settings"]["seed"] == 0  # the task follows --seed
+
+
+def test_the_task_seed_keeps_the_teacher_task_while_the_run_seed_changes_the_run():
+    import argparse
+
+    from mpca.sim.command import add_arguments, config_from
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg = config_from(p.parse_args(["--seed", "2", "--task-seed", "0"]))
+    assert (cfg.seed, cfg.compute.seed, cfg.workload.seed) == (2, 2, 0)
+    assert config_from(p.parse_args(["--seed", "2"])).workload.seed == 2

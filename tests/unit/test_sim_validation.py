@@ -1,0 +1,27 @@
+"""lab/sim_validation.py: the validation rows run on the benchmark's task, the task held while the run's seed
+changes, medians with unreached seeds counted as slowest."""
+import json
+
+from lab.sim_validation import config, main, median_time
+
+
+def test_an_unreached_seed_counts_as_slowest_and_most_unreached_is_none():
+    assert median_time([30.0, None, 10.0]) == 30.0
+    assert median_time([None, None, 10.0]) is None
+    assert median_time([12.0, 11.0, 13.0]) == 12.0
+
+
+def test_the_task_stays_the_benchmarks_while_the_run_seed_changes(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(exchange_cpu=0.06, host_cores=2, rows=100, holdout=50, task_seed=0, holdout_at=None,
+                              max_seconds=1.0)
+    a, b = config({"name": "mpca"}, 2, "fp32", 0, args), config({"name": "mpca"}, 2, "fp32", 2, args)
+    assert (a.workload.seed, b.workload.seed) == (0, 0) and (a.seed, b.seed) == (0, 2)
+    assert b.compute.seed == 2 and b.network.exchange_cpu_s_per_mb == 0.06 and b.network.host_cores == 2
+    out = tmp_path / "v.json"
+    assert main(["--rows", "200", "--holdout", "100", "--max-seconds", "1.5", "--seeds", "2", "--only", "mpca@2",
+                 "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["label"] == "mpca" and row["agents"] == 2 and [s["seed"] for s in row["per_seed"]] == [0, 1]
+    assert row["mean_cycle_s"] > 0
