@@ -23,12 +23,15 @@ from typing import Dict, List, Optional
 
 import torch
 
+from lab.regimes_sim import TARGETS
+from mpca.bench.regimes import regime
+from mpca.sim.command import parse_rate
 from mpca.sim.compute import ComputeModel
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.simulator import SimConfig, Simulator
 from mpca.sim.workload import TeacherWorkload
 
-TARGETS = (0.30, 0.26, 0.24)
+REGIME = regime("resnet110-gbe")  # the regime every measured row ran in: its link and step time T
 # (label, algorithm, K, wire): the rows bench compare measured (README, "How far to trust it")
 ROWS = (
     ("mpca@fp32", {"name": "mpca"}, 4, "fp32"),
@@ -45,9 +48,10 @@ ROWS = (
 
 
 def config(algorithm: dict, agents: int, wire: str, seed: int, args) -> SimConfig:
-    net = NetworkConstants(link_bps=100e6, exchange_cpu_s_per_mb=args.exchange_cpu, host_cores=args.host_cores)
+    net = NetworkConstants(link_bps=parse_rate(REGIME.link), exchange_cpu_s_per_mb=args.exchange_cpu,
+                           host_cores=args.host_cores)
     return SimConfig(algorithm=algorithm, agents=agents, wire=wire, network=net,
-                     compute=ComputeModel(step_s=0.3, seed=seed),
+                     compute=ComputeModel(step_s=REGIME.device_step_s, seed=seed),
                      workload=TeacherWorkload(rows_per_agent=args.rows, holdout=args.holdout, seed=args.task_seed,
                                               holdout_at=args.holdout_at),
                      max_virtual_s=args.max_seconds, eval_every_s=1.0, targets=TARGETS, seed=seed)

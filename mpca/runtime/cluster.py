@@ -239,10 +239,10 @@ def inspect_cluster(sc, wait_for: int, wait_s: float = 60.0, use_gpus: Optional[
     deadline = time.time() + wait_s
     while True:
         shape = _shape_now(sc, master)
-        per = agents_per_executor(shape, uses_gpus(shape, use_gpus))
-        if shape.executors and (per * shape.executors >= wait_for or per == 0):  # room, or never any (too few cores)
-            return shape
-        if time.time() >= deadline:
+        gpus = uses_gpus(shape, use_gpus)
+        # room for them, or none on any executor (too few cores: waiting cannot help), or no more time
+        if shape.executors and (agent_capacity(shape, gpus) >= wait_for or agents_per_executor(shape, gpus) == 0) \
+                or time.time() >= deadline:
             return shape
         time.sleep(0.2)
 

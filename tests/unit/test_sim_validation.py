@@ -19,6 +19,7 @@ def test_the_task_stays_the_benchmarks_while_the_run_seed_changes(tmp_path):
     a, b = config({"name": "mpca"}, 2, "fp32", 0, args), config({"name": "mpca"}, 2, "fp32", 2, args)
     assert (a.workload.seed, b.workload.seed) == (0, 0) and (a.seed, b.seed) == (0, 2)
     assert b.compute.seed == 2 and b.network.exchange_cpu_s_per_mb == 0.06 and b.network.host_cores == 2
+    assert (b.network.link_bps, b.compute.step_s) == (100e6, 0.3)  # the regime the measured rows ran in
     out = tmp_path / "v.json"
     assert main(["--rows", "200", "--holdout", "100", "--max-seconds", "1.5", "--seeds", "2", "--only", "mpca@2",
                  "--json", str(out)]) == 0
