@@ -101,7 +101,7 @@ def hanging_cnn_fn(after=None):
     file ``after`` exists when given."""
     from lab.faults import faulty
 
-    return faulty(small_cnn, "hang", after=after)
+    return faulty(small_cnn, "hang", at_call=1, after=after)  # at its first step once ``after`` exists
 
 
 def executor_killing_cnn_fn(after=None):
