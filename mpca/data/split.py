@@ -28,3 +28,12 @@ def hash_split(df, features: str, label: str, fraction: float, seed: int):
     cut = holdout_cut(fraction)
     bucket = F.pmod(F.xxhash64(F.lit(int(seed)), F.col(features), F.col(label)), F.lit(BUCKETS))
     return df.where(bucket >= cut), df.where(bucket < cut)
+
+
+def holdout_mask(features, labels, fraction: float, seed: int):
+    """The rows :func:`hash_split` puts in the holdout, without Spark: a boolean numpy array, one per row of
+    ``features`` (float32, (rows, n)) and ``labels`` (int64) — Spark's xxhash64 recomputed by
+    :mod:`mpca.data.xxhash`, so that the simulator evaluates on the runtime's very holdout."""
+    from mpca.data.xxhash import row_hash
+
+    return (row_hash(seed, features, labels) % BUCKETS) < holdout_cut(fraction)

@@ -84,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", default="1024,1024", help="the MLP's hidden widths (1024,1024: the benchmark's)")
     p.add_argument("--rows", type=int, default=20_000, help="teacher rows per agent")
     p.add_argument("--holdout", type=int, default=2_000, help="holdout rows (after the agents' rows)")
+    p.add_argument("--holdout-split", type=int, default=None, metavar="ROWS",
+                   help="evaluate on the runtime's holdout instead: the rows of the task's first ROWS that the "
+                        "trainer's hash split (data.holdout 1%%, seed 0) holds out, which the agents never train on "
+                        "(1000000 with --task-seed 0: the holdout of bench compare's task)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--job-overhead", type=float, default=None, help="seconds per Spark job (default: the constant)")
@@ -109,7 +113,8 @@ def config_from(args) -> SimConfig:
                          compute=ComputeModel(step_s=args.step_s, jitter=args.jitter, speeds=parse_speeds(args.speeds),
                                               seed=args.seed),
                          workload=TeacherWorkload(hidden=hidden, rows_per_agent=args.rows, holdout=args.holdout, lr=args.lr,
-                                                   seed=args.seed if args.task_seed is None else args.task_seed),
+                                                   seed=args.seed if args.task_seed is None else args.task_seed,
+                                                   split_rows=args.holdout_split),
                          batch_size=args.batch_size, max_virtual_s=args.max_seconds, eval_every_s=args.eval_every,
                          targets=tuple(parse_floats(args.targets)), seed=args.seed)
     except ValidationError as e:

@@ -113,12 +113,12 @@ def test_the_teacher_task_is_the_same_rows_on_every_partitioning(spark):
 
 def test_the_holdout_split_depends_on_each_rows_content_not_on_partitioning_or_order(spark):
     """mpca.data.split: 2 or 5 partitions, rows in either order — the same holdout rows, ≈ the fraction, the two
-    sides disjoint and together every row; another seed, another split."""
+    sides disjoint and together every row; another seed, another split; the numpy hash finds the same rows."""
     from pyspark.sql import functions as F
 
     from mpca.compat import to_arrow
     from mpca.data.checks import tensors
-    from mpca.data.split import hash_split
+    from mpca.data.split import hash_split, holdout_mask
     from mpca.data.synthetic import TeacherTask
 
     task = TeacherTask(rows=20_000, features=8, hidden=16, seed=3)
@@ -132,3 +132,5 @@ def test_the_holdout_split_depends_on_each_rows_content_not_on_partitioning_or_o
     assert 1_800 <= len(hold) <= 2_200 and not train & hold and len(train | hold) == task.rows
     assert sides(task.dataframe(spark, 5).orderBy(F.desc("label")))[1] == hold
     assert sides(task.dataframe(spark, 2), seed=1)[1] != hold
+    x, y = task.take(np.arange(task.rows))  # the simulator's copy of the split (mpca.data.xxhash), no JVM
+    assert {tuple(r) for r in x[holdout_mask(x, y, 0.1, 0)].tolist()} == hold

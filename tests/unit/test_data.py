@@ -109,3 +109,34 @@ def test_negative_regression_targets_pass_the_drivers_checks_and_negative_class_
     classes = write("classes.parquet", pa.array([1, -1, 0, 2], type=pa.int64()))
     with pytest.raises(UserError, match="holds negative values \\(min -1\\)"):
         run(classes, torch.nn.Linear(3, 4), torch.nn.functional.cross_entropy)
+
+
+# Spark 4.3.0's F.xxhash64(F.lit(seed), "features", "label") on these rows (features array<float> without
+# nulls, label bigint), collected from a local session: the values the numpy hash must give.
+SPARK_XXHASH64 = {
+    0: [-2640644109883805695, -2640644109883805695, 5287669204069805211, -2984540310115537990, -6054464427634985029],
+    1: [6932476897473192484, 6932476897473192484, 5240573857041544428, -4698198733687874474, 8012336215753807535],
+}
+HASHED_ROWS = [([0.0, 1.5, -2.25], 3), ([-0.0, 1.5, -2.25], 3), ([float("nan"), 1e-30, 3.4e38], -7), ([], 0),
+               ([1.0], 9)]
+
+
+def test_the_numpy_row_hash_is_sparks_xxhash64_including_negative_zero_nan_and_empty_arrays():
+    """mpca.data.xxhash recomputes hash_split's hash without a JVM (the simulator's holdout)."""
+    from mpca.data.xxhash import row_hash
+
+    for seed, expected in SPARK_XXHASH64.items():
+        got = [int(row_hash(seed, np.array(f, np.float32).reshape(1, -1), np.array([y]))[0]) for f, y in HASHED_ROWS]
+        assert got == expected, seed
+
+
+def test_holdout_mask_takes_the_rows_whose_bucket_is_below_the_cut():
+    from mpca.data.split import BUCKETS, holdout_cut, holdout_mask
+    from mpca.data.xxhash import row_hash
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((20_000, 4)).astype(np.float32), rng.integers(0, 10, 20_000)
+    mask = holdout_mask(x, y, 0.1, 5)
+    buckets = np.mod(row_hash(5, x, y), BUCKETS)  # pmod: a negative hash lands in [0, BUCKETS) too
+    assert buckets.min() >= 0 and np.array_equal(mask, buckets < holdout_cut(0.1))
+    assert 1_800 <= mask.sum() <= 2_200 and not np.array_equal(mask, holdout_mask(x, y, 0.1, 6))

@@ -50,3 +50,17 @@ def test_the_task_seed_keeps_the_teacher_task_while_the_run_seed_changes_the_run
     cfg = config_from(p.parse_args(["--seed", "2", "--task-seed", "0"]))
     assert (cfg.seed, cfg.compute.seed, cfg.workload.seed) == (2, 2, 0)
     assert config_from(p.parse_args(["--seed", "2"])).workload.seed == 2
+
+
+def test_holdout_split_evaluates_on_the_runtimes_holdout_and_a_bad_one_is_one_line():
+    import argparse
+
+    from mpca.errors import UserError
+    from mpca.sim.command import add_arguments, config_from
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert config_from(p.parse_args([])).workload.split_rows is None  # the holdout after the agents' rows
+    assert config_from(p.parse_args(["--holdout-split", "1000000"])).workload.split_rows == 1_000_000
+    with pytest.raises(UserError, match="simulate: split_rows must be >= 1"):
+        config_from(p.parse_args(["--holdout-split", "0"]))
