@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import statistics
 import time
 from typing import Dict, Iterable, Optional, Set, Tuple
 
 from mpca.errors import RunFailedError
 from mpca.runtime.record import ExchangeRecord
 from mpca.runtime.timeline import CycleRecord
+from mpca.stopping import silent_agent_wait_s
 
 log = logging.getLogger("mpca.pipeline")
 
@@ -49,11 +49,7 @@ class AgentRoster:
 
     def wait_s(self) -> float:
         """The bounded wait for a silent agent: configured, or 5 × the median recent cycle within 2–10 s."""
-        if self.agent_wait_s is not None:
-            return self.agent_wait_s
-        if not self._durations:
-            return 10.0
-        return min(10.0, max(2.0, 5 * statistics.median(self._durations)))
+        return silent_agent_wait_s(self.agent_wait_s, self._durations)
 
     def cycle_took(self, seconds: float) -> None:
         self._durations.append(seconds)

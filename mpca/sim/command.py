@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from mpca.errors import UserError
 from mpca.sim.compute import ComputeModel
 from mpca.sim.constants import NetworkConstants
+from mpca.sim.presence import Absence
 from mpca.sim.simulator import SimConfig, simulate
 from mpca.sim.workload import TeacherWorkload
 
@@ -93,6 +94,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job-overhead", type=float, default=None, help="seconds per Spark job (default: the constant)")
     add_exchange_cpu_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="the run's seed: initial model, batch order, step jitter")
+    p.add_argument("--hang", action="append", default=[], metavar="AGENT:AT:FOR",
+                   help="agent AGENT's process stops AT virtual seconds into the run for FOR seconds, then resumes "
+                        "(repeatable)")
+    p.add_argument("--lose", action="append", default=[], metavar="AGENT:AT:FOR",
+                   help="agent AGENT's process is lost AT seconds into the run; its replacement is up FOR seconds "
+                        "later and joins from the joint model (repeatable)")
+    p.add_argument("--agent-wait", type=float, default=None,
+                   help="seconds a cycle waits for a silent agent (cluster.agent_wait_s; default: 5 x the median "
+                        "recent cycle within 2-10 s)")
     p.add_argument("--task-seed", type=int, default=None,
                    help="the teacher task's seed (default: --seed; 0 is the benchmark's task, conf/teacher_mlp.yaml): "
                         "keep it fixed and vary --seed to see one task's run-to-run spread")
@@ -116,7 +126,10 @@ def config_from(args) -> SimConfig:
                                                    seed=args.seed if args.task_seed is None else args.task_seed,
                                                    split_rows=args.holdout_split),
                          batch_size=args.batch_size, max_virtual_s=args.max_seconds, eval_every_s=args.eval_every,
-                         targets=tuple(parse_floats(args.targets)), seed=args.seed)
+                         targets=tuple(parse_floats(args.targets)), seed=args.seed,
+                         absences=tuple([Absence.parse(h, "hang") for h in args.hang] +
+                                        [Absence.parse(x, "lost") for x in args.lose]),
+                         agent_wait_s=args.agent_wait)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "settings"

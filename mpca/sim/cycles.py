@@ -12,11 +12,20 @@ or, for a rule whose ``yield_ready`` is not ready (a round not finished), as soo
 combined along treeReduce's levels (``WeightedSum``; a lossy format: ``EncodedSum``, one rounding per level)
 and reach the driver at :func:`~mpca.sim.network.tree_reduce_arrival`; the job ends when both are done and the
 exchange's CPU is spent (:func:`~mpca.sim.network.exchange_cpu_time`, none unless the constants model it), and the
-next cycle starts then, or ``cycle_interval_s`` after this one started.  Corrective jobs and absent or joining
-agents are not simulated: every agent answers every job.
+next cycle starts then, or ``cycle_interval_s`` after this one started.
+
+Agents that hang or are lost (:mod:`mpca.sim.presence`): a job waits for an agent whose process does not answer
+its task (the runtime's claim) at most :func:`~mpca.stopping.silent_agent_wait_s` after it starts running, then
+counts it absent and reduces what it has (or nothing) — an agent that answered but has not yielded yet (a round
+in progress) is waited for, as the runtime's yield waits, and a lost one fails its task at once.  A job does not
+wait for absent agents but takes their contribution while it is open.  At its end a join job (``job_overhead_s``
+and a broadcast of the whole model to the replacements) hands every replacement that is up the driver rule's
+join vectors, before the next cycle starts; ``on_membership`` hears the number of agents present when it
+changes.  Corrective jobs are not simulated: a task always finds its agent.
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
@@ -30,7 +39,9 @@ from mpca.sim.clock import VirtualClock
 from mpca.sim.network import (broadcast_time, driver_copies, driver_partials, exchange_cpu_time, tree_groups,
                               tree_levels, tree_reduce_arrival)
 from mpca.sim.constants import NetworkConstants
+from mpca.sim.presence import Presence
 from mpca.sim.result import CycleStat
+from mpca.stopping import silent_agent_wait_s
 
 Partial = Union[WeightedSum, EncodedSum]
 
@@ -47,6 +58,10 @@ class Job:
     bcast_bytes: int
     waiting: set = field(default_factory=set)  # agents whose contribution is not taken yet
     partials: Dict[int, Tuple[float, Partial, int]] = field(default_factory=dict)  # agent → (ready, partial, bytes)
+    optional: set = field(default_factory=set)  # agents counted absent: taken if they answer, not waited for
+    claimed: set = field(default_factory=set)  # agents whose process answered the task (a round may still run)
+    closed: bool = False  # reduced (or given up on): no more contributions
+    missing: List[int] = field(default_factory=list)  # agents whose contribution did not reach the reduction
 
 
 def combine(a: Partial, b: Partial) -> Partial:
@@ -86,13 +101,22 @@ def as_driver_sum(partial: Partial) -> Optional[WeightedSum]:
 class VirtualPipeline:
     """Runs the cycles of a driver-initiated algorithm on ``clock``.  ``deliver(agent, shard, data, params, t)``
     hands an agent an encoded broadcast; ``contribute(agent, shard, params)`` returns (bytes, weight, extra) or
-    None when the agent's rule is not ready to yield (the simulator calls :meth:`offer` after its next step)."""
+    None when the agent's rule is not ready to yield or its process cannot answer (the simulator calls
+    :meth:`offer` after its next step).  ``presence``: who is absent or joining; ``join(agents, params, t)`` hands
+    replacements the joint model (``join_bytes``: its size on the wire); ``agent_wait_s``: the configured bound
+    of the wait for a silent agent (None: the runtime's default rule)."""
 
     def __init__(self, clock: VirtualClock, rule: DriverRule, agents: int, codec: Codec, net: NetworkConstants,
-                 interval_s: float, deliver: Callable, contribute: Callable, numel: Callable[[int], int]):
+                 interval_s: float, deliver: Callable, contribute: Callable, numel: Callable[[int], int],
+                 presence: Optional[Presence] = None, join: Optional[Callable] = None, join_bytes: int = 0,
+                 agent_wait_s: Optional[float] = None):
         self.clock, self.rule, self.K, self.codec, self.net = clock, rule, agents, codec, net
         self.interval_s = interval_s
         self.deliver, self.contribute, self.numel = deliver, contribute, numel
+        self.presence = presence if presence is not None else Presence(agents)
+        self.join, self.join_bytes, self.agent_wait_s = join, join_bytes, agent_wait_s
+        self.durations: collections.deque = collections.deque(maxlen=20)  # recent cycles: the bounded wait
+        self.present = agents  # as the driver rule last heard it (on_membership)
         self.lag = 2 if rule.num_shards >= 3 else 1
         self.feedback = ErrorFeedback(codec)  # the driver's broadcasts, one residual per shard
         self.staged: Dict[int, Tuple[int, bytes]] = {}  # cycle whose job carries it → (shard, encoded)
@@ -127,20 +151,61 @@ class VirtualPipeline:
         bcast_bytes = len(staged[1]) if staged else 0
         bcast_end = run + broadcast_time(self.K, bcast_bytes, self.net) if staged else run
         yield_at = run if (self.net.split_tasks or not staged) else bcast_end
+        absent = set(self.presence.absent)
         job = Job(c, shard, params, t, yield_at, bcast_end, staged[0] if staged else None, bcast_bytes,
-                  waiting=set(range(self.K)))
+                  waiting=set(range(self.K)) - absent, optional=absent)
         self.job = job
         if staged:
             for a in range(self.K):  # scheduled before the yields: a delivery at the same instant comes first
                 self.clock.schedule(bcast_end, lambda when, a=a: self.deliver(a, staged[0], staged[1], params, when))
         for a in range(self.K):
             self.clock.schedule(yield_at, lambda when, a=a: self.offer(a, when))
+        wait_s = silent_agent_wait_s(self.agent_wait_s, self.durations)
+        self.clock.schedule(run + wait_s, lambda when: self._give_up(job, when))
+
+    def _give_up(self, job: Job, t: float) -> None:
+        """The bounded wait is over: agents whose process never answered the task (the runtime's claim) are
+        counted absent and no longer waited for; an agent that answered but has not yielded yet (a round in
+        progress) is still waited for.  With nobody left to wait for, the job reduces what it has."""
+        silent = job.waiting - job.claimed
+        if job.closed or not silent:
+            return
+        self.presence.count_absent(silent)
+        job.waiting -= silent
+        if not job.waiting:
+            self._close_without(job, t)
+
+    def _close_without(self, job: Job, t: float) -> None:
+        """Nobody left to wait for: reduce what came, or end the cycle with nothing to reduce."""
+        if job.partials:
+            self._reduced(job, not_before=t)
+            return
+        job.closed = True  # nobody answered: no reduction this cycle
+        job.missing = list(range(self.K))
+        stat = CycleStat(job.cycle, job.submitted, t, job.shard, job.bcast_shard, bytes_in=0,
+                         bytes_out=int(round(driver_copies(self.K, self.net) * job.bcast_bytes)), bytes_up=0,
+                         missing=job.missing)
+        self.clock.schedule(t, lambda when: self._end(job, None, stat, when))
+
+    def lost(self, agent: int, t: float) -> None:
+        """``agent``'s process is gone: a task that holds it fails at once (the runtime's yield sees the channel
+        close), so the open job stops waiting for it and the run counts it absent."""
+        job = self.job
+        self.presence.count_absent([agent])
+        if job is None or job.closed or agent not in job.waiting:
+            return
+        job.waiting.discard(agent)
+        job.claimed.discard(agent)
+        if not job.waiting:
+            self._close_without(job, t)
 
     def offer(self, agent: int, t: float) -> None:
         """Take ``agent``'s contribution to the current job if it is asked for by ``t`` and ready."""
         job = self.job
-        if job is None or agent not in job.waiting or t < job.yield_at:
+        if job is None or job.closed or t < job.yield_at or (agent not in job.waiting and agent not in job.optional):
             return
+        if self.presence.acts(agent, t):
+            job.claimed.add(agent)
         got = self.contribute(agent, job.shard, job.params)
         if got is None:
             return
@@ -152,30 +217,47 @@ class VirtualPipeline:
             partial = WeightedSum.of(np.frombuffer(data, dtype=self.codec.dtype), weight)
         job.partials[agent] = (t, partial, len(data))
         job.waiting.discard(agent)
-        if not job.waiting:
-            self._reduced(job)
+        job.optional.discard(agent)
+        self.presence.answered(agent)
+        if not job.waiting:  # after the offers due at this instant: an absent agent's answer may be among them
+            self.clock.schedule(t, lambda when: self._reduced(job))
 
-    def _reduced(self, job: Job) -> None:
+    def _reduced(self, job: Job, not_before: float = 0.0) -> None:
+        if job.closed:
+            return
+        job.closed = True
+        job.missing = sorted(set(range(self.K)) - set(job.partials))
         order = sorted(job.partials)
         nbytes = max(b for _, _, b in job.partials.values())
         arrival = tree_reduce_arrival([job.partials[a][0] for a in order], nbytes, self.net)
-        end = max(arrival, job.bcast_end) + exchange_cpu_time(self.K, nbytes + job.bcast_bytes, self.net)
+        end = max(arrival, job.bcast_end, not_before) + exchange_cpu_time(self.K, nbytes + job.bcast_bytes, self.net)
         partial = tree_combine([job.partials[a][1] for a in order])
         stat = CycleStat(job.cycle, job.submitted, end, job.shard, job.bcast_shard,
                          bytes_in=driver_partials(self.K) * nbytes,
                          bytes_out=int(round(driver_copies(self.K, self.net) * job.bcast_bytes)),
-                         bytes_up=sum(b for _, _, b in job.partials.values()))
+                         bytes_up=sum(b for _, _, b in job.partials.values()), missing=job.missing)
         self.clock.schedule(end, lambda when: self._end(job, partial, stat, when))
 
-    def _end(self, job: Job, partial: Partial, stat: CycleStat, t: float) -> None:
+    def _end(self, job: Job, partial: Optional[Partial], stat: CycleStat, t: float) -> None:
         self.stats.append(stat)
         self.job = None
-        if self.lag == 1:
+        self.durations.append(t - job.submitted)
+        if partial is not None and self.lag == 1:  # None: nobody answered, nothing to stage
             self._stage(job.cycle, job.shard, partial)
-        else:
+        elif partial is not None:
             self.pending = (job.cycle, job.shard, partial)
         self.cycle_no += 1
+        present = self.presence.present()
+        if present and present != self.present:  # as the runtime: settings that follow K follow the agents present
+            self.present = present
+            self.rule.on_membership(present)
         nxt = max(t, job.submitted + self.interval_s)
+        joiners = self.presence.ready_to_join(t)
+        if joiners and self.join is not None:  # the runtime's join job, before the next cycle
+            done = t + self.net.job_overhead_s + broadcast_time(len(joiners), self.join_bytes, self.net)
+            stat.joined = joiners
+            self.clock.schedule(done, lambda when: self.join(joiners, job.params, when))
+            nxt = max(nxt, done)
         if nxt <= job.submitted:
             raise ValueError(f"cycle {job.cycle} took no virtual time, so cycles would never let the agents step: "
                              "give the network a job overhead or a finite rate, or the algorithm a "

@@ -27,6 +27,8 @@ class CycleStat:
     bytes_in: int  # into the driver's port: treeReduce's last level
     bytes_out: int  # out of the driver's port: the broadcast's copies
     bytes_up: int  # what the agents sent (their contributions as encoded)
+    missing: List[int] = field(default_factory=list)  # agents whose contribution did not reach the reduction
+    joined: List[int] = field(default_factory=list)  # replacements handed the joint model at the cycle's end
 
 
 @dataclass
@@ -72,7 +74,20 @@ class SimResult:
             [f"{self.final_error:.4f}", str(self.steps), str(len(self.cycles)),
              "—" if math.isnan(mean_cycle) else f"{mean_cycle:.2f}", f"{self.bytes_on_driver_port / 1e6:.1f}",
              f"{self.virtual_s:.1f}", f"{self.wall_s:.1f}"]
-        return head + "\n" + " | ".join(cells)
+        return head + "\n" + " | ".join(cells) + self.presence_line()
+
+    def presence_line(self) -> str:
+        """Agents that were away (mpca.sim.presence): per agent the cycles its contribution missed, then joins."""
+        missed: Dict[int, int] = {}
+        for c in self.cycles:
+            for a in c.missing:
+                missed[a] = missed.get(a, 0) + 1
+        joins = [(a, c.end) for c in self.cycles for a in c.joined]
+        if not missed and not joins:
+            return ""
+        parts = [f"agent {a} missing from {n} cycle(s)" for a, n in sorted(missed.items())]
+        parts += [f"agent {a} joined from the joint model at {t:.1f} s" for a, t in joins]
+        return "\nagents away: " + "; ".join(parts)
 
     def to_dict(self) -> Dict[str, Any]:
         out = asdict(self)

@@ -28,6 +28,9 @@ encoded chunks, per-rank error feedback, every replica the owner's decoded bytes
 holdout every ``eval_every_s`` virtual seconds, at no virtual cost (ddp: agent 0's replica; single: the agent's
 own model, not the driver's snapshot of it), and each history
 row carries the driver rule's ``metrics()`` since the last one (e.g. Rudra's ⟨σ⟩), as the runtime's history.
+``absences`` (:mod:`mpca.sim.presence`, the cycle algorithms but ``ddp`` and ``single``): agents that hang or are
+lost and replacements that join, under the runtime's bounded wait; an agent's events are dropped when its process
+is lost and held while it is stopped.
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ from mpca.sim.compute import ComputeModel
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.cycles import VirtualPipeline
 from mpca.sim.network import DriverPort, ring_allreduce_bytes, ring_allreduce_time
+from mpca.sim.presence import Absence, Presence
 from mpca.sim.result import HistoryRow, SimResult
 from mpca.sim.service import SimServiceClient
 from mpca.sim.workload import TeacherWorkload
@@ -81,6 +85,8 @@ class SimConfig(BaseModel):
     eval_every_s: float = Field(5.0, gt=0)
     targets: Tuple[float, ...] = ()
     seed: int = 0
+    absences: Tuple[Absence, ...] = ()  # agents that hang or are lost (mpca.sim.presence)
+    agent_wait_s: Optional[float] = Field(None, gt=0)  # cluster.agent_wait_s (None: the runtime's default rule)
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -101,6 +107,9 @@ def check_supported(cfg: SimConfig) -> None:
     if name in REFUSED:
         raise ValueError(f"the simulator does not run {name}: {REFUSED[name]}")
     cfg.algorithm.check_agents(cfg.agents)
+    if cfg.absences and (cfg.algorithm.exchange != "cycle" or name in ("ddp", "single")):
+        raise ValueError(f"absent and joining agents are simulated for mpca, sync and diloco (the driver's exchange "
+                         f"cycles), not for {name}")
 
 
 class Simulator:
@@ -125,13 +134,11 @@ class Simulator:
         self.clients: List[Optional[SimServiceClient]] = [
             SimServiceClient(a, self.rule, self.codec, answers, self.port, cfg.network,
                              lambda a=a: self.now[a]) if algo.exchange == "service" else None for a in range(K)]
-        factory_algo = algo
-        self.agents: List[SimAgent] = []
-        for a in range(K):
-            x, y = work.agent_rows(a, K)
-            self.agents.append(SimAgent(a, K, factory_algo if not self.ddp else _PlainRule(), self.layout,
-                                        init_state, work.model_fn, work.loss_fn, work.optimizer_fn, x, y,
-                                        cfg.batch_size, self.codec, cfg.seed, self.clients[a]))
+        self.init_state = init_state
+        self.rows = [work.agent_rows(a, K) for a in range(K)]
+        self.agents: List[SimAgent] = [self._new_agent(a) for a in range(K)]
+        self.presence = Presence(K, cfg.absences)
+        self.lost_steps = 0  # steps of processes that were lost (their replacements count from 0)
         self.clocks = [cfg.compute.clock(a) for a in range(K)]
         self.parked: set = set()
         self.eval_model = copy.deepcopy(model)
@@ -140,7 +147,9 @@ class Simulator:
         self.pipeline: Optional[VirtualPipeline] = None
         if algo.exchange == "cycle" and not self.ddp:
             self.pipeline = VirtualPipeline(self.clock, self.rule, K, self.codec, cfg.network, algo.cycle_interval_s,
-                                            self._deliver, self._contribute, self.layout.shard_numel)
+                                            self._deliver, self._contribute, self.layout.shard_numel,
+                                            presence=self.presence, join=self._join,
+                                            join_bytes=4 * self.layout.total_numel, agent_wait_s=cfg.agent_wait_s)
         self.result = SimResult(algorithm=algo.name, agents=K, wire=cfg.wire, constants=cfg.network.to_dict(),
                                 settings={"algorithm": algo.model_dump(mode="json"),
                                           "compute": {"step_s": cfg.compute.step_s, "jitter": cfg.compute.jitter,
@@ -152,13 +161,36 @@ class Simulator:
         self.done = False
 
     # ------------------------------------------------------------------ agents
+    def _new_agent(self, a: int) -> SimAgent:
+        """Agent ``a``'s process: its rule built by the algorithm's factory, its model from the run's start (a
+        replacement's is overwritten by the join), a fresh optimizer, its own rows."""
+        x, y = self.rows[a]
+        return SimAgent(a, self.K, self.cfg.algorithm if not self.ddp else _PlainRule(), self.layout, self.init_state,
+                        self.cfg.workload.model_fn, self.cfg.workload.loss_fn, self.cfg.workload.optimizer_fn, x, y,
+                        self.cfg.batch_size, self.codec, self.cfg.seed, self.clients[a])
+
+    def _later(self, t: float, a: int, event) -> None:
+        """Schedule one of agent ``a``'s own events; it is dropped if the process is lost meanwhile, and held
+        until the process resumes if it is stopped then."""
+        generation = self.presence.generation[a]
+
+        def run(when: float) -> None:
+            if self.presence.generation[a] != generation:
+                return
+            if when < self.presence.stopped_until[a]:
+                self.clock.schedule(self.presence.stopped_until[a], run)
+                return
+            event(a, when)
+
+        self.clock.schedule(t, run)
+
     def _step(self, a: int, t: float) -> None:
         self.now[a] = t
         self.agents[a].step()
         charged = self._charged(a)
         if self.pipeline is not None:
             self.pipeline.offer(a, t + charged)
-        self.clock.schedule(t + charged + self.clocks[a].next_step_s(), lambda when: self._between(a, when))
+        self._later(t + charged + self.clocks[a].next_step_s(), a, self._between)
 
     def _between(self, a: int, t: float) -> None:
         self.now[a] = t
@@ -168,23 +200,53 @@ class Simulator:
             return
         rule.between_steps()
         charged = self._charged(a)
-        self.clock.schedule(t + charged, lambda when: self._step(a, when))
+        self._later(t + charged, a, self._step)
+
+    def _absence(self, absence: Absence, t: float) -> None:
+        a = absence.agent
+        if absence.kind == "lost":
+            self.lost_steps += self.agents[a].steps
+            self.parked.discard(a)
+            self.clock.schedule(t + absence.for_s, lambda when: self.presence.replacement_up(a, when))
+        self.presence.stop(absence)
+        if absence.kind == "lost":
+            self.pipeline.lost(a, t)
+
+    def _join(self, agents: List[int], params: dict, t: float) -> None:
+        """The runtime's join (``Agent._join``): a fresh process of each replacement takes every shard of the
+        driver rule's join vectors (exact), its rule receives them, a fresh optimizer, ``on_reset``; it steps
+        and contributes from then on."""
+        vectors = self.rule.join_vectors()
+        for a in agents:
+            ag = self.agents[a] = self._new_agent(a)
+            with torch.no_grad():
+                for s, vec in enumerate(vectors):
+                    pieces = ag.shards.split(s, vec.detach().clone())
+                    torch._foreach_copy_(ag.shards.views(s), pieces)
+                    ag.rule.receive(s, pieces, params)
+            ag.rule.on_reset()
+            self.presence.joined(a)
+            self._later(t, a, self._step)
 
     def _charged(self, a: int) -> float:
         client = self.clients[a]
         return client.take_charge() if client is not None else 0.0
 
     def _deliver(self, a: int, shard: int, data: bytes, params: dict, t: float) -> None:
+        if not self.presence.acts(a, t):  # stopped, lost or not joined yet: the broadcast misses it
+            return
         ag = self.agents[a]
         vec = torch.from_numpy(self.codec.decode(data, self.layout.shard_numel(shard)))
         ag.rule.receive(shard, ag.shards.split(shard, vec), params)
         if a in self.parked and not ag.rule.waiting():
             self.parked.discard(a)
-            self.clock.schedule(t, lambda when: self._step(a, when))
+            self._later(t, a, self._step)
         if self.pipeline is not None:
             self.pipeline.offer(a, t)
 
     def _contribute(self, a: int, shard: int, params: dict):
+        if not self.presence.acts(a, self.clock.now):
+            return None
         ag = self.agents[a]
         try:
             ag.rule.yield_ready(shard, params, 0.0)  # timeout 0: returns when ready, else TimeoutError
@@ -250,7 +312,9 @@ class Simulator:
             self.clock.schedule(0.0, self._ddp_step)
         else:
             for a in range(self.K):
-                self.clock.schedule(0.0, lambda when, a=a: self._step(a, when))
+                self._later(0.0, a, self._step)
+            for absence in self.cfg.absences:
+                self.clock.schedule(absence.at_s, lambda when, ab=absence: self._absence(ab, when))
         if self.pipeline is not None:
             self.pipeline.start(0.0)
         self.clock.schedule(0.0, self._evaluate)
@@ -259,7 +323,7 @@ class Simulator:
         if not self.done and (not res.history or res.history[-1].t < self.clock.now):
             self._evaluate(self.clock.now, again=False)
         res.virtual_s = self.clock.now
-        res.steps = sum(ag.steps for ag in self.agents)
+        res.steps = sum(ag.steps for ag in self.agents) + self.lost_steps
         res.cycles = list(self.pipeline.stats) if self.pipeline is not None else []
         res.service_requests = sum(c.requests for c in self.clients if c is not None)
         res.service_bytes_in, res.service_bytes_out = self.port.bytes_in, self.port.bytes_out

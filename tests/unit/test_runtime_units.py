@@ -292,3 +292,18 @@ def test_the_start_handshake_is_cancelled_the_moment_the_agents_job_ends(monkeyp
     with pytest.raises(RunFailedError, match="ended before all agents came up: no module named team_models"):
         control.hello(p.jobs, 2, 300.0, lambda: time.time() < ended_at, lambda: "no module named team_models")
     assert time.time() - t < 3 and cancelled.is_set() and waits == [control.HELLO_WAIT_S]
+
+
+def test_a_silent_agent_is_waited_for_five_median_cycles_within_two_to_ten_seconds_or_as_configured():
+    """mpca.stopping.silent_agent_wait_s: the bounded wait the roster (and the simulator) apply."""
+    from mpca.stopping import silent_agent_wait_s
+
+    assert silent_agent_wait_s(None, []) == 10.0  # no cycle has ended yet
+    assert silent_agent_wait_s(None, [0.3, 0.2, 0.4]) == 2.0  # 5 × 0.3 = 1.5, at least 2
+    assert silent_agent_wait_s(None, [1.0, 0.9, 1.4]) == 5.0  # 5 × the median 1.0
+    assert silent_agent_wait_s(None, [3.0]) == 10.0  # 15, at most 10
+    assert silent_agent_wait_s(0.5, [3.0]) == 0.5  # cluster.agent_wait_s wins
+    roster = AgentRoster([0, 1])
+    for s in (1.0, 0.9, 1.4):
+        roster.cycle_took(s)
+    assert roster.wait_s() == 5.0 and AgentRoster([0], agent_wait_s=1.5).wait_s() == 1.5

@@ -64,3 +64,21 @@ def test_holdout_split_evaluates_on_the_runtimes_holdout_and_a_bad_one_is_one_li
     assert config_from(p.parse_args(["--holdout-split", "1000000"])).workload.split_rows == 1_000_000
     with pytest.raises(UserError, match="simulate: split_rows must be >= 1"):
         config_from(p.parse_args(["--holdout-split", "0"]))
+
+
+def test_hang_and_lose_become_the_simulations_absences_and_the_table_says_who_was_away(capsys):
+    import argparse
+
+    from mpca.sim.command import add_arguments, config_from, run
+    from mpca.sim.presence import Absence
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["-k", "2", "--hang", "1:2:3", "--lose", "0:4.5:2", "--agent-wait", "0.5", "--hidden", "8",
+                         "--rows", "200", "--holdout", "50", "--max-seconds", "12", "--step-s", "0.2"])
+    cfg = config_from(args)
+    assert cfg.absences == (Absence(1, 2.0, 3.0, "hang"), Absence(0, 4.5, 2.0, "lost")) and cfg.agent_wait_s == 0.5
+    assert run(args) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("agents away: agent 0 missing from") and "agent 1 missing from" in line
+    assert "agent 0 joined from the joint model at" in line

@@ -263,3 +263,86 @@ def test_the_runtimes_holdout_is_the_hash_splits_rows_and_no_agent_trains_on_the
     assert len(a0) == 3000 - mask[:3000].sum() and len(a1) == 3000 - mask[3000:].sum()
     with pytest.raises(ValueError, match="split_fraction"):
         TeacherWorkload(split_rows=10, split_fraction=1.0)
+
+
+# --------------------------------------------------------------------------- agents that come and go
+def test_a_hung_agent_is_waited_for_once_then_the_cycles_go_on_without_it_until_it_answers_again():
+    """Agent 1 stops at 4 s for 6 s: one cycle waits agent_wait_s for it, later ones do not wait, and its first
+    contribution after it resumes counts again; it made no step meanwhile."""
+    from mpca.sim.presence import Absence
+
+    free = NetworkConstants(link_bps=1e9)
+    plain = Simulator(config("mpca", network=free, max_virtual_s=16.0, compute=ComputeModel(step_s=0.25)))
+    plain.run()
+    sim = Simulator(config("mpca", network=free, max_virtual_s=16.0, compute=ComputeModel(step_s=0.25),
+                           absences=(Absence(1, 4.0, 6.0, "hang"),), agent_wait_s=1.0))
+    res = sim.run()
+    without = [c for c in res.cycles if c.missing == [1]]
+    assert without and all(4.0 <= c.end <= 10.5 for c in without), [(c.start, c.end, c.missing) for c in res.cycles]
+    waited = max(c.end - c.start for c in res.cycles)
+    assert 1.0 <= waited < 1.5  # the one bounded wait; no cycle waited for the whole hang
+    assert sum(c.end - c.start > 0.9 for c in res.cycles) == 1  # absent agents are not waited for again
+    assert not res.cycles[-1].missing and sim.presence.absent == set()  # it answers again
+    assert plain.agents[0].steps - 1 <= sim.agents[0].steps <= plain.agents[0].steps + 1
+    assert plain.agents[1].steps - sim.agents[1].steps == pytest.approx(6.0 / 0.25, abs=2)  # no steps while stopped
+
+
+def test_a_lost_agents_replacement_joins_from_the_joint_model_and_contributes_again(monkeypatch):
+    """Agent 1's process is lost at 4 s; its replacement is up at 7 s and, at the end of the next cycle, takes the
+    driver rule's join vectors exactly (its rule receives them, on_reset), then steps and contributes; the driver
+    rule hears the agents present (on_membership: 1, then 2)."""
+    from mpca.algorithm.mpca import MPCADriver
+    from mpca.sim.presence import Absence
+
+    heard, joined = [], {}
+    monkeypatch.setattr(MPCADriver, "on_membership", lambda self, agents: heard.append(agents), raising=False)
+    sim = Simulator(config("mpca", network=NetworkConstants(link_bps=1e9), max_virtual_s=14.0,
+                           compute=ComputeModel(step_s=0.25), absences=(Absence(1, 4.0, 3.0, "lost"),),
+                           agent_wait_s=1.0))
+    join = sim._join
+
+    def watched(agents, params, t):
+        expected = [v.clone() for v in sim.rule.join_vectors()]
+        join(agents, params, t)
+        joined[t] = (agents, expected, [sim.agents[1].shards.read(s) for s in range(len(expected))])
+
+    sim._join = watched
+    sim.pipeline.join = watched
+    old = sim.agents[1]
+    res = sim.run()
+    ((t, (agents, expected, got)),) = joined.items()
+    assert agents == [1] and 7.0 <= t < 9.0 and all(torch.equal(a, b) for a, b in zip(expected, got))
+    assert sim.agents[1] is not old and 0 < sim.agents[1].steps <= (14.0 - t) / 0.25 + 1
+    assert any(c.joined == [1] for c in res.cycles) and any(c.missing == [1] for c in res.cycles)
+    assert not res.cycles[-1].missing and heard == [1, 2]
+    assert res.steps == old.steps + sim.agents[0].steps + sim.agents[1].steps
+
+
+def test_absences_are_refused_where_they_are_not_simulated():
+    from mpca.sim.presence import Absence
+
+    with pytest.raises(ValueError, match="simulated for mpca, sync and diloco"):
+        Simulator(config("easgd", absences=(Absence(1, 1.0, 1.0),)))
+    with pytest.raises(ValueError, match="agents 0..1"):
+        Simulator(config("mpca", absences=(Absence(2, 1.0, 1.0),)))
+    with pytest.raises(ValueError, match="AGENT:AT:FOR"):
+        Absence.parse("1:20", "hang")
+    with pytest.raises(ValueError, match="one of"):
+        Absence(0, 1.0, 1.0, "gone")
+
+
+def test_a_round_waits_for_an_agent_that_answered_its_task_but_not_for_one_that_is_lost_mid_round():
+    """DiLoCo's round: a hung agent that answered the round's task is waited for (the runtime's yield waits; its
+    claim succeeded before the hang), so the round ends after the hang; a lost one fails the task at once and the
+    round reduces without it, and its replacement joins at the round's end."""
+    from mpca.sim.presence import Absence
+
+    diloco = {"name": "diloco", "every": 10}
+    free = NetworkConstants(link_bps=1e9)
+    kw = dict(network=free, max_virtual_s=12.0, compute=ComputeModel(step_s=0.25), agent_wait_s=0.5)
+    hung = simulate(config(diloco, absences=(Absence(1, 1.0, 4.0, "hang"),), **kw))
+    assert hung.cycles[0].missing == [] and hung.cycles[0].end > 5.0  # the 2.5 s round took the 4 s hang too
+    lost = simulate(config(diloco, absences=(Absence(1, 1.0, 1.0, "lost"),), **kw))
+    first = lost.cycles[0]
+    assert first.missing == [1] and first.end < 3.0 and first.joined == [1]  # not stuck on the lost agent
+    assert lost.cycles[-1].missing == [] and len(lost.cycles) >= 3  # the replacement contributes to later rounds

@@ -1,0 +1,106 @@
+"""Agents that go away and come back, in virtual time — what ``lab.faults`` does to the runtime's agents.
+
+* ``hang``: the agent's process stops at ``at_s`` and resumes ``for_s`` later with its state (SIGSTOP, a long
+  GC pause, a stalled host); meanwhile it neither steps nor answers, and the broadcasts it would have received
+  are missed.
+* ``lost``: the process is gone at ``at_s`` (its executor lost), with its model and optimizer; Spark's retried
+  task brings a replacement up ``for_s`` later (scheduling, data read, build), which joins from the driver's
+  joint model (``DriverRule.join_vectors``) with a fresh rule and optimizer, as the runtime's replacements do.
+
+The runtime's rules, which the pipeline (:mod:`mpca.sim.cycles`) applies: a cycle waits for a silent agent at
+most :func:`mpca.stopping.silent_agent_wait_s` (``cluster.agent_wait_s``, else 5 × the median recent cycle
+within 2–10 s), then goes on without it and counts it *absent*; later cycles do not wait for absent agents but
+take their contribution if it comes in time (the agent is back); a replacement that is up joins at the end of
+the next cycle, by a join job that broadcasts the whole joint model to it; the driver rule's ``on_membership``
+hears the number of agents present whenever it changes.  Not modelled: the runtime's corrective jobs (tasks
+that landed where no agent was) — a simulated task always finds its agent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Set, Tuple
+
+KINDS = ("hang", "lost")
+
+
+@dataclass(frozen=True)
+class Absence:
+    """Agent ``agent`` away from ``at_s`` for ``for_s`` virtual seconds: ``hang`` or ``lost`` (see the module)."""
+
+    agent: int
+    at_s: float
+    for_s: float
+    kind: str = "hang"
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"an absence is one of {KINDS}, got {self.kind!r}")
+        if self.agent < 0 or not self.at_s >= 0 or not self.for_s > 0:
+            raise ValueError(f"an absence needs agent >= 0, at_s >= 0 and for_s > 0, got {self}")
+
+    @classmethod
+    def parse(cls, text: str, kind: str) -> "Absence":
+        """``AGENT:AT:FOR`` (e.g. ``1:20:8``: agent 1, 20 s into the run, for 8 s)."""
+        parts = text.split(":")
+        try:
+            agent, at_s, for_s = int(parts[0]), float(parts[1]), float(parts[2])
+        except (ValueError, IndexError):
+            raise ValueError(f"an absence is AGENT:AT:FOR in seconds, e.g. 1:20:8, got {text!r}") from None
+        if len(parts) != 3:
+            raise ValueError(f"an absence is AGENT:AT:FOR in seconds, e.g. 1:20:8, got {text!r}")
+        return cls(agent, at_s, for_s, kind)
+
+
+class Presence:
+    """The book of one simulation's agents: each one's process generation (a loss starts the next, and the old
+    process's pending events are dropped), until when it is stopped (a hang), which replacements are up and
+    waiting to join, and which agents the pipeline counts absent."""
+
+    def __init__(self, agents: int, absences: Iterable[Absence] = ()):
+        self.absences: Tuple[Absence, ...] = tuple(absences)
+        bad = [a.agent for a in self.absences if a.agent >= agents]
+        if bad:
+            raise ValueError(f"absences name agents {bad}, but the run has agents 0..{agents - 1}")
+        self.K = agents
+        self.generation = [0] * agents
+        self.stopped_until = [0.0] * agents
+        self.gone: Set[int] = set()  # lost, replacement not up yet
+        self.up_to_join: Dict[int, float] = {}  # replacement up (since when), not joined yet
+        self.absent: Set[int] = set()  # counted absent by a cycle's bounded wait, not back yet
+
+    def acts(self, agent: int, t: float) -> bool:
+        """Whether the agent's process can step, answer or receive at ``t``."""
+        return agent not in self.gone and agent not in self.up_to_join and t >= self.stopped_until[agent]
+
+    def stop(self, absence: Absence) -> None:
+        """The absence begins: a hang stops the process until its end; a loss ends the process."""
+        a = absence.agent
+        if absence.kind == "hang":
+            self.stopped_until[a] = max(self.stopped_until[a], absence.at_s + absence.for_s)
+        else:
+            self.generation[a] += 1
+            self.gone.add(a)
+
+    def replacement_up(self, agent: int, t: float) -> None:
+        self.gone.discard(agent)
+        self.up_to_join[agent] = t
+
+    def ready_to_join(self, t: float) -> List[int]:
+        """Replacements up by ``t``: the cycle ending at ``t`` hands them the joint model."""
+        return sorted(a for a, up in self.up_to_join.items() if up <= t)
+
+    def joined(self, agent: int) -> None:
+        self.up_to_join.pop(agent, None)
+        self.absent.discard(agent)
+
+    def count_absent(self, agents: Iterable[int]) -> None:
+        """A cycle's bounded wait ran out on these agents."""
+        self.absent |= set(agents)
+
+    def answered(self, agent: int) -> None:
+        """Its contribution was taken: present (again)."""
+        self.absent.discard(agent)
+
+    def present(self) -> int:
+        """Agents the run counts present (the driver rule's ``on_membership``): all but those counted absent."""
+        return self.K - len(self.absent)
