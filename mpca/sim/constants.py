@@ -29,6 +29,12 @@ the driver's included, behind its own full-duplex ``tc tbf`` port):
   to trust it").  The parameter service's round trips are charged the same seconds per MB, on the caller.
 * ``split_tasks`` = True: reduce tasks yield without waiting for the broadcast's download (executors with two
   free task slots per agent, the emulated cluster's ``--cores 3``); False: one task per agent yields after it.
+* ``absent_claim_s`` = 0.5 s: the runtime's ``ABSENT_CLAIM_S`` (``mpca/runtime/exchange.py``; a unit test holds
+  the two equal) — every job tries an absent agent's socket with this handshake wait, so while an agent is
+  stopped (a hang: its socket still accepts) every cycle lasts at least this long after its tasks start; a
+  lost agent's socket refuses at once.  Measured (``python -m lab.faults -c conf/teacher_mlp.yaml --algorithms
+  mpca --faults none,hang --at-call 35 --hang-s 20 training.agents=4 training.device_step_s=0.3``): 17 cycles
+  without the hung agent over its 20 s (1.2 s a cycle) where an unfaulted cycle takes about 0.5 s.
 
 Checked against the measured cycle times (10 MB shards, 100 Mbit, :func:`mpca.sim.network.cycle_time`):
 K = 2: broadcast alone 1.85 s (measured 1.85–1.91), reduce alone 1.85 s (1.96–2.05), cycle 1.85 s
@@ -55,6 +61,7 @@ class NetworkConstants:
     split_tasks: bool = True  # reduce tasks do not wait for the broadcast's download
     exchange_cpu_s_per_mb: float = 0.0  # CPU seconds per MB an agent moves in an exchange (0: no CPU modelled)
     host_cores: Optional[int] = None  # every host's exchange shares this many cores (None: each host its own)
+    absent_claim_s: float = 0.5  # a job's handshake wait for an absent agent (the runtime's ABSENT_CLAIM_S)
 
     def __post_init__(self):
         if not (self.link_bps > 0):
@@ -63,7 +70,7 @@ class NetworkConstants:
                                             or self.host_cores < 1):
             raise ValueError(f"host_cores must be a whole number >= 1 or None, got {self.host_cores}")
         for name in ("latency_s", "job_overhead_s", "service_overhead_s", "driver_copies_per_doubling",
-                     "exchange_cpu_s_per_mb"):
+                     "exchange_cpu_s_per_mb", "absent_claim_s"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v}")
@@ -73,7 +80,8 @@ class NetworkConstants:
     @staticmethod
     def free() -> "NetworkConstants":
         """A network that costs nothing: infinite rate, no latency, no overheads."""
-        return NetworkConstants(link_bps=math.inf, latency_s=0.0, job_overhead_s=0.0, service_overhead_s=0.0)
+        return NetworkConstants(link_bps=math.inf, latency_s=0.0, job_overhead_s=0.0, service_overhead_s=0.0,
+                                absent_claim_s=0.0)
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)

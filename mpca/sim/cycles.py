@@ -18,7 +18,8 @@ Agents that hang or are lost (:mod:`mpca.sim.presence`): a job waits for an agen
 its task (the runtime's claim) at most :func:`~mpca.stopping.silent_agent_wait_s` after it starts running, then
 counts it absent and reduces what it has (or nothing) — an agent that answered but has not yielded yet (a round
 in progress) is waited for, as the runtime's yield waits, and a lost one fails its task at once.  A job does not
-wait for absent agents but takes their contribution while it is open.  At its end a join job (``job_overhead_s``
+wait for absent agents but takes their contribution while it is open, and while one of them is stopped its tasks'
+handshake with it holds the job ``absent_claim_s`` after it starts running.  At its end a join job (``job_overhead_s``
 and a broadcast of the whole model to the replacements) hands every replacement that is up the driver rule's
 join vectors, before the next cycle starts; ``on_membership`` hears the number of agents present when it
 changes.  Corrective jobs are not simulated: a task always finds its agent.
@@ -61,6 +62,7 @@ class Job:
     optional: set = field(default_factory=set)  # agents counted absent: taken if they answer, not waited for
     claimed: set = field(default_factory=set)  # agents whose process answered the task (a round may still run)
     closed: bool = False  # reduced (or given up on): no more contributions
+    not_before: float = 0.0  # the job cannot end earlier (its tasks' handshake with a stopped absent agent)
     missing: List[int] = field(default_factory=list)  # agents whose contribution did not reach the reduction
 
 
@@ -152,8 +154,10 @@ class VirtualPipeline:
         bcast_end = run + broadcast_time(self.K, bcast_bytes, self.net) if staged else run
         yield_at = run if (self.net.split_tasks or not staged) else bcast_end
         absent = set(self.presence.absent)
+        stopped = any(self.presence.stopped(a, run) for a in absent)  # its socket accepts, then the claim times out
         job = Job(c, shard, params, t, yield_at, bcast_end, staged[0] if staged else None, bcast_bytes,
-                  waiting=set(range(self.K)) - absent, optional=absent)
+                  waiting=set(range(self.K)) - absent, optional=absent,
+                  not_before=run + self.net.absent_claim_s if stopped else 0.0)
         self.job = job
         if staged:
             for a in range(self.K):  # scheduled before the yields: a delivery at the same instant comes first
@@ -178,14 +182,15 @@ class VirtualPipeline:
     def _close_without(self, job: Job, t: float) -> None:
         """Nobody left to wait for: reduce what came, or end the cycle with nothing to reduce."""
         if job.partials:
-            self._reduced(job, not_before=t)
+            self._reduced(job, not_before=max(t, job.not_before))
             return
         job.closed = True  # nobody answered: no reduction this cycle
         job.missing = list(range(self.K))
-        stat = CycleStat(job.cycle, job.submitted, t, job.shard, job.bcast_shard, bytes_in=0,
+        end = max(t, job.not_before)
+        stat = CycleStat(job.cycle, job.submitted, end, job.shard, job.bcast_shard, bytes_in=0,
                          bytes_out=int(round(driver_copies(self.K, self.net) * job.bcast_bytes)), bytes_up=0,
                          missing=job.missing)
-        self.clock.schedule(t, lambda when: self._end(job, None, stat, when))
+        self.clock.schedule(end, lambda when: self._end(job, None, stat, when))
 
     def lost(self, agent: int, t: float) -> None:
         """``agent``'s process is gone: a task that holds it fails at once (the runtime's yield sees the channel
@@ -220,7 +225,7 @@ class VirtualPipeline:
         job.optional.discard(agent)
         self.presence.answered(agent)
         if not job.waiting:  # after the offers due at this instant: an absent agent's answer may be among them
-            self.clock.schedule(t, lambda when: self._reduced(job))
+            self.clock.schedule(t, lambda when: self._reduced(job, not_before=job.not_before))
 
     def _reduced(self, job: Job, not_before: float = 0.0) -> None:
         if job.closed:

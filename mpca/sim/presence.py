@@ -72,6 +72,10 @@ class Presence:
         """Whether the agent's process can step, answer or receive at ``t``."""
         return agent not in self.gone and agent not in self.up_to_join and t >= self.stopped_until[agent]
 
+    def stopped(self, agent: int, t: float) -> bool:
+        """Its process is stopped at ``t`` (a hang): alive, its socket accepting, not answering."""
+        return agent not in self.gone and agent not in self.up_to_join and t < self.stopped_until[agent]
+
     def stop(self, absence: Absence) -> None:
         """The absence begins: a hang stops the process until its end; a loss ends the process."""
         a = absence.agent

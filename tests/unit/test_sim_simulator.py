@@ -282,6 +282,8 @@ def test_a_hung_agent_is_waited_for_once_then_the_cycles_go_on_without_it_until_
     waited = max(c.end - c.start for c in res.cycles)
     assert 1.0 <= waited < 1.5  # the one bounded wait; no cycle waited for the whole hang
     assert sum(c.end - c.start > 0.9 for c in res.cycles) == 1  # absent agents are not waited for again
+    after = [c for c in without if c.end - c.start < 0.9]  # the cycles after the wait: the stopped agent's handshake
+    assert after and all(c.end - c.start >= 0.25 + 0.5 - 1e-9 for c in after)  # job overhead + absent_claim_s
     assert not res.cycles[-1].missing and sim.presence.absent == set()  # it answers again
     assert plain.agents[0].steps - 1 <= sim.agents[0].steps <= plain.agents[0].steps + 1
     assert plain.agents[1].steps - sim.agents[1].steps == pytest.approx(6.0 / 0.25, abs=2)  # no steps while stopped
@@ -346,3 +348,9 @@ def test_a_round_waits_for_an_agent_that_answered_its_task_but_not_for_one_that_
     first = lost.cycles[0]
     assert first.missing == [1] and first.end < 3.0 and first.joined == [1]  # not stuck on the lost agent
     assert lost.cycles[-1].missing == [] and len(lost.cycles) >= 3  # the replacement contributes to later rounds
+
+
+def test_the_simulators_absent_claim_is_the_runtimes():
+    from mpca.runtime.exchange import ABSENT_CLAIM_S
+
+    assert NetworkConstants().absent_claim_s == ABSENT_CLAIM_S
