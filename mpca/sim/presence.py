@@ -7,13 +7,15 @@
   task brings a replacement up ``for_s`` later (scheduling, data read, build), which joins from the driver's
   joint model (``DriverRule.join_vectors``) with a fresh rule and optimizer, as the runtime's replacements do.
 
-The runtime's rules, which the pipeline (:mod:`mpca.sim.cycles`) applies: a cycle waits for a silent agent at
-most :func:`mpca.stopping.silent_agent_wait_s` (``cluster.agent_wait_s``, else 5 × the median recent cycle
-within 2–10 s), then goes on without it and counts it *absent*; later cycles do not wait for absent agents but
-take their contribution if it comes in time (the agent is back); a replacement that is up joins at the end of
-the next cycle, by a join job that broadcasts the whole joint model to it; the driver rule's ``on_membership``
-hears the number of agents present whenever it changes.  Not modelled: the runtime's corrective jobs (tasks
-that landed where no agent was) — a simulated task always finds its agent.
+The runtime's rules, which the pipeline (:mod:`mpca.sim.cycles`) applies: a cycle waits for an agent whose
+process does not answer its task at most :func:`mpca.stopping.silent_agent_wait_s` (``cluster.agent_wait_s``,
+else 5 × the median recent cycle within 2–10 s), then goes on without it and counts it *absent*; an agent that
+answered but is mid-round is waited for, and a lost one fails its task at once; later cycles do not wait for
+absent agents but take their contribution if it comes in time (the agent is back), and while an absent agent is
+stopped each job's handshake with it costs ``NetworkConstants.absent_claim_s``; a replacement that is up joins at
+the end of the next cycle, by a join job that broadcasts the whole joint model to it; the driver rule's
+``on_membership`` hears the number of agents present whenever it changes.  Not modelled: the runtime's
+corrective jobs (tasks that landed where no agent was) — a simulated task always finds its agent.
 """
 from __future__ import annotations
 

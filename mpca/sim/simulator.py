@@ -204,13 +204,12 @@ class Simulator:
 
     def _absence(self, absence: Absence, t: float) -> None:
         a = absence.agent
-        if absence.kind == "lost":
+        self.presence.stop(absence)
+        if absence.kind == "lost":  # the process and its state are gone; Spark's retry brings a replacement up
             self.lost_steps += self.agents[a].steps
             self.parked.discard(a)
-            self.clock.schedule(t + absence.for_s, lambda when: self.presence.replacement_up(a, when))
-        self.presence.stop(absence)
-        if absence.kind == "lost":
             self.pipeline.lost(a, t)
+            self.clock.schedule(t + absence.for_s, lambda when: self.presence.replacement_up(a, when))
 
     def _join(self, agents: List[int], params: dict, t: float) -> None:
         """The runtime's join (``Agent._join``): a fresh process of each replacement takes every shard of the
