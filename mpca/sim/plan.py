@@ -49,7 +49,8 @@ NOT_MODELLED = (
     "host this made the measured mpca cycles 26-39% longer than simulated, README)",
     "host<->device copies, data loading and input pipelines (only the step time you gave or measured)",
     "start-up: the Spark session, executors and the agents' first model (predicted times count from the first step)",
-    "corrective jobs, agents lost or joining, NaN resets; stragglers unless you give --speeds",
+    "corrective jobs, NaN resets; agents lost or joining (the plan assumes none; mpca simulate --hang/--lose "
+    "models them); stragglers unless you give --speeds",
     "contention between a broadcast and a reduce on one executor's port",
 )
 
