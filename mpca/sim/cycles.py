@@ -103,8 +103,8 @@ def as_driver_sum(partial: Partial) -> Optional[WeightedSum]:
 class VirtualPipeline:
     """Runs the cycles of a driver-initiated algorithm on ``clock``.  ``deliver(agent, shard, data, params, t)``
     hands an agent an encoded broadcast; ``contribute(agent, shard, params)`` returns (bytes, weight, extra) or
-    None when the agent's rule is not ready to yield or its process cannot answer (the simulator calls
-    :meth:`offer` after its next step).  ``presence``: who is absent or joining; ``join(agents, params, t)`` hands
+    None when the agent's rule is not ready to yield (the simulator calls :meth:`offer` after its next step); it
+    is asked only while ``presence`` says the agent's process can answer.  ``presence``: who is absent or joining; ``join(agents, params, t)`` hands
     replacements the joint model (``join_bytes``: its size on the wire); ``agent_wait_s``: the configured bound
     of the wait for a silent agent (None: the runtime's default rule)."""
 
@@ -209,8 +209,9 @@ class VirtualPipeline:
         job = self.job
         if job is None or job.closed or t < job.yield_at or (agent not in job.waiting and agent not in job.optional):
             return
-        if self.presence.acts(agent, t):
-            job.claimed.add(agent)
+        if not self.presence.acts(agent, t):  # stopped, lost or not joined: it cannot answer the task
+            return
+        job.claimed.add(agent)
         got = self.contribute(agent, job.shard, job.params)
         if got is None:
             return

@@ -45,12 +45,11 @@ class Absence:
         """``AGENT:AT:FOR`` (e.g. ``1:20:8``: agent 1, 20 s into the run, for 8 s)."""
         parts = text.split(":")
         try:
-            agent, at_s, for_s = int(parts[0]), float(parts[1]), float(parts[2])
-        except (ValueError, IndexError):
+            if len(parts) != 3:
+                raise ValueError
+            return cls(int(parts[0]), float(parts[1]), float(parts[2]), kind)
+        except ValueError:
             raise ValueError(f"an absence is AGENT:AT:FOR in seconds, e.g. 1:20:8, got {text!r}") from None
-        if len(parts) != 3:
-            raise ValueError(f"an absence is AGENT:AT:FOR in seconds, e.g. 1:20:8, got {text!r}")
-        return cls(agent, at_s, for_s, kind)
 
 
 class Presence:
@@ -70,13 +69,17 @@ class Presence:
         self.up_to_join: Dict[int, float] = {}  # replacement up (since when), not joined yet
         self.absent: Set[int] = set()  # counted absent by a cycle's bounded wait, not back yet
 
+    def _running(self, agent: int) -> bool:
+        """Its process exists and has joined (not lost, not a replacement waiting to join)."""
+        return agent not in self.gone and agent not in self.up_to_join
+
     def acts(self, agent: int, t: float) -> bool:
         """Whether the agent's process can step, answer or receive at ``t``."""
-        return agent not in self.gone and agent not in self.up_to_join and t >= self.stopped_until[agent]
+        return self._running(agent) and t >= self.stopped_until[agent]
 
     def stopped(self, agent: int, t: float) -> bool:
         """Its process is stopped at ``t`` (a hang): alive, its socket accepting, not answering."""
-        return agent not in self.gone and agent not in self.up_to_join and t < self.stopped_until[agent]
+        return self._running(agent) and t < self.stopped_until[agent]
 
     def stop(self, absence: Absence) -> None:
         """The absence begins: a hang stops the process until its end; a loss ends the process."""

@@ -244,8 +244,6 @@ class Simulator:
             self.pipeline.offer(a, t)
 
     def _contribute(self, a: int, shard: int, params: dict):
-        if not self.presence.acts(a, self.clock.now):
-            return None
         ag = self.agents[a]
         try:
             ag.rule.yield_ready(shard, params, 0.0)  # timeout 0: returns when ready, else TimeoutError

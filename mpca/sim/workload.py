@@ -95,9 +95,8 @@ class TeacherWorkload:
         return self.holdout_at
 
     def task(self, agents: int) -> TeacherTask:
-        rows = self.holdout_start(agents) + self.holdout
-        if self.split_rows is not None:
-            rows = max(self.split_rows, agents * self.rows_per_agent)
+        rows = max(self.split_rows, agents * self.rows_per_agent) if self.split_rows is not None else \
+            self.holdout_start(agents) + self.holdout
         return CachedTeacherTask(rows=rows, features=self.features, classes=self.classes, hidden=self.teacher_hidden,
                                  seed=self.seed)
 
