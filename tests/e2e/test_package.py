@@ -61,3 +61,15 @@ def test_sdist_and_wheel_hold_every_module_and_import_without_the_checkout(tmp_p
     p = subprocess.run([sys.executable, "-c", check, site, *modules], cwd=tmp_path, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": site}, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_the_teacher_tasks_row_generator_imports_no_torch():
+    """The executors' Python workers that generate the teacher task's rows (and hash its holdout) import
+    ``mpca.data`` alone: ``import mpca`` must not pull in torch (~2 s of CPU per worker on a fresh session)."""
+    code = ("import sys, mpca, mpca.data.synthetic, mpca.data.datasets, mpca.data.split, mpca.data.xxhash\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+            "from mpca import register, Trainer\n"
+            "print(register.__module__, Trainer.__module__)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines() == ["[]", "mpca.algorithm.registry mpca.trainer"], p.stdout
