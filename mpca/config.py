@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationErr
 from mpca.algorithm import Algorithm, build_algorithm
 from mpca.algorithm.wire import DEFAULT_BLOCK, WireFormat
 from mpca.data.synthetic import TeacherTask
+from mpca.data.split import EVALUATION_ROWS
 from mpca.errors import UserError
 from mpca.local_cluster import parse_local_cluster
 
@@ -34,7 +35,8 @@ class DataSection(_Strict):
     label: str = "label"
     input_shape: List[int] = Field(default_factory=list, description="per-row tensor shape; [] keeps it flat")
     holdout: float = Field(0.1, ge=0.0, lt=1.0)
-    holdout_max_rows: int = Field(5000, ge=1)
+    holdout_max_rows: int = Field(EVALUATION_ROWS, ge=1, description="the holdout rows evaluated: at most this many, "
+                                  "those of the smallest row hash (the same rows every run)")
     agent_memory_mb: Optional[float] = Field(None, ge=0.0, description="an agent whose partition takes more than "
                                              "this many MB spills it to local disk once and memory-maps it "
                                              "(None: always in memory; 0: always on disk)")

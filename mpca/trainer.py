@@ -100,16 +100,16 @@ class Trainer:
             from pyspark.ml.functions import vector_to_array
 
             df = df.withColumn(d.features, vector_to_array(d.features, "float32"))
-        if d.holdout > 0:  # by the rows' content: no per-partition sort as randomSplit needs (mpca.data.split)
-            from mpca.data.split import hash_split
+        from mpca.data.split import evaluation_rows, hash_split
 
+        if d.holdout > 0:  # by the rows' content: no per-partition sort as randomSplit needs (mpca.data.split)
             train, hold = hash_split(df, d.features, d.label, d.holdout, self.settings.seed)
         else:
             train, hold = df, df.limit(0)
         from mpca.compat import to_arrow
         from mpca.data.checks import tensors
 
-        table = to_arrow(hold.select(d.features, d.label).limit(d.holdout_max_rows))
+        table = to_arrow(evaluation_rows(hold, d.features, d.label, self.settings.seed, d.holdout_max_rows))
         hx, hy = tensors(table, d.features, d.label, d.input_shape)
         return train.select(d.features, d.label), hx, hy
 

@@ -11,6 +11,7 @@ row always fall on the same side (no duplicate leaks from training into the hold
 from __future__ import annotations
 
 BUCKETS = 1_000_000  # a row's hash modulo this; the holdout is the buckets below ``fraction * BUCKETS``
+EVALUATION_ROWS = 5000  # the trainer evaluates on at most this many holdout rows by default (data.holdout_max_rows)
 
 
 def holdout_cut(fraction: float) -> int:
@@ -26,8 +27,23 @@ def hash_split(df, features: str, label: str, fraction: float, seed: int):
     from pyspark.sql import functions as F
 
     cut = holdout_cut(fraction)
-    bucket = F.pmod(F.xxhash64(F.lit(int(seed)), F.col(features), F.col(label)), F.lit(BUCKETS))
+    bucket = F.pmod(_row_hash(features, label, seed), F.lit(BUCKETS))
     return df.where(bucket >= cut), df.where(bucket < cut)
+
+
+def _row_hash(features: str, label: str, seed: int):
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(F.lit(int(seed)), F.col(features), F.col(label))
+
+
+def evaluation_rows(holdout, features: str, label: str, seed: int, max_rows: int):
+    """The holdout rows the trainer evaluates on: at most ``max_rows`` of them, those of the smallest row hash
+    (``xxhash64(seed, features, label)``, 64 bits: ties only between identical rows).  ``limit(max_rows)`` alone
+    took a different subset from one collection to the next (measured: 2 of 3 collections of the benchmark's
+    1 M-row task agreed), so one model scored differently in two runs of one job and the benchmark's
+    algorithms were scored on different rows; this subset is the same whatever the partitioning or timing."""
+    return holdout.select(features, label).orderBy(_row_hash(features, label, seed)).limit(int(max_rows))
 
 
 def holdout_mask(features, labels, fraction: float, seed: int):
@@ -37,3 +53,15 @@ def holdout_mask(features, labels, fraction: float, seed: int):
     from mpca.data.xxhash import row_hash
 
     return (row_hash(seed, features, labels) % BUCKETS) < holdout_cut(fraction)
+
+
+def evaluation_subset(features, labels, seed: int, max_rows: int):
+    """The indices of the rows :func:`evaluation_rows` keeps of a holdout given as numpy arrays (``features``
+    float32 (rows, n), ``labels`` int64): the ``max_rows`` of the smallest signed 64-bit row hash, in that
+    order (all rows, in hash order, when there are no more than ``max_rows``)."""
+    import numpy as np
+
+    from mpca.data.xxhash import row_hash
+
+    order = np.argsort(row_hash(seed, features, labels), kind="stable")
+    return order[:max_rows]

@@ -118,7 +118,7 @@ def test_the_holdout_split_depends_on_each_rows_content_not_on_partitioning_or_o
 
     from mpca.compat import to_arrow
     from mpca.data.checks import tensors
-    from mpca.data.split import hash_split, holdout_mask
+    from mpca.data.split import evaluation_rows, evaluation_subset, hash_split, holdout_mask
     from mpca.data.synthetic import TeacherTask
 
     task = TeacherTask(rows=20_000, features=8, hidden=16, seed=3)
@@ -133,4 +133,14 @@ def test_the_holdout_split_depends_on_each_rows_content_not_on_partitioning_or_o
     assert sides(task.dataframe(spark, 5).orderBy(F.desc("label")))[1] == hold
     assert sides(task.dataframe(spark, 2), seed=1)[1] != hold
     x, y = task.take(np.arange(task.rows))  # the simulator's copy of the split (mpca.data.xxhash), no JVM
-    assert {tuple(r) for r in x[holdout_mask(x, y, 0.1, 0)].tolist()} == hold
+    mask = holdout_mask(x, y, 0.1, 0)
+    assert {tuple(r) for r in x[mask].tolist()} == hold
+    # the rows the trainer evaluates: the same 300, in the same order, on either partitioning and in numpy
+    evaluated = [tensors(to_arrow(evaluation_rows(hash_split(df, "features", "label", 0.1, 0)[1], "features", "label",
+                                                  0, 300)), "features", "label", (8,))[0].numpy()
+                 for df in (task.dataframe(spark, 2), task.dataframe(spark, 5).orderBy(F.desc("label")))]
+    assert np.array_equal(evaluated[0], evaluated[1])
+    assert np.array_equal(evaluated[0], x[mask][evaluation_subset(x[mask], y[mask], 0, 300)])
+    trainer = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, input_shape=(8,), holdout=0.1,
+                      holdout_max_rows=300, spark=spark)
+    assert np.array_equal(trainer._split(task.dataframe(spark, 3))[1].numpy(), evaluated[0])  # what fit scores on

@@ -130,6 +130,18 @@ def test_the_numpy_row_hash_is_sparks_xxhash64_including_negative_zero_nan_and_e
         assert got == expected, seed
 
 
+def test_the_evaluated_holdout_rows_are_those_of_the_smallest_signed_row_hash():
+    """mpca.data.split.evaluation_subset, against Spark's own hashes of three rows (SPARK_XXHASH64): seed 0 puts
+    the two equal rows (0.0 and -0.0) first, seed 1 the NaN row (5.24e18 < 6.93e18); the numpy order is the
+    signed order Spark's orderBy uses (seed 0's smallest hash is negative)."""
+    from mpca.data.split import evaluation_subset
+
+    x = np.array([f for f, _ in HASHED_ROWS[:3]], np.float32)
+    y = np.array([label for _, label in HASHED_ROWS[:3]])
+    assert evaluation_subset(x, y, 0, 2).tolist() == [0, 1] and evaluation_subset(x, y, 0, 10).tolist() == [0, 1, 2]
+    assert evaluation_subset(x, y, 1, 1).tolist() == [2] and evaluation_subset(x, y, 1, 3).tolist() == [2, 0, 1]
+
+
 def test_holdout_mask_takes_the_rows_whose_bucket_is_below_the_cut():
     from mpca.data.split import BUCKETS, holdout_cut, holdout_mask
     from mpca.data.xxhash import row_hash

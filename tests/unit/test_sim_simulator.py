@@ -248,15 +248,21 @@ def test_one_agent_is_evaluated_on_its_own_model_not_the_drivers_snapshot():
 
 
 def test_the_runtimes_holdout_is_the_hash_splits_rows_and_no_agent_trains_on_them():
-    """split_rows: the holdout the trainer's hash split takes from the task's first rows; agents skip those rows."""
+    """split_rows: the holdout the trainer's hash split takes from the task's first rows, of which it evaluates
+    the split_max_rows of the smallest row hash; agents skip every holdout row."""
     from mpca.data.split import holdout_mask
+    from mpca.data.xxhash import row_hash
 
     work = TeacherWorkload(hidden=(16,), rows_per_agent=3000, split_rows=5000, split_fraction=0.1, split_seed=2)
     hx, hy = work.holdout_rows(2)
     x, y = work.task(2).take(np.arange(5000))
     mask = holdout_mask(x, y, 0.1, 2)
-    assert 400 <= len(hy) <= 600 and np.array_equal(hx.numpy(), x[mask]) and np.array_equal(hy.numpy(), y[mask])
-    held = {tuple(r) for r in hx.numpy().tolist()}
+    assert 400 <= len(hy) <= 600 and {tuple(r) for r in hx.numpy().tolist()} == {tuple(r) for r in x[mask].tolist()}
+    evaluated = TeacherWorkload(hidden=(16,), rows_per_agent=3000, split_rows=5000, split_fraction=0.1, split_seed=2,
+                                split_max_rows=100).holdout_rows(2)[0].numpy()
+    first = np.argsort(row_hash(2, x[mask], y[mask]))[:100]  # the 100 smallest hashes, the signed order
+    assert np.array_equal(evaluated, x[mask][first])
+    held = {tuple(r) for r in x[mask].tolist()}
     a0, _ = work.agent_rows(0, 2)
     a1, _ = work.agent_rows(1, 2)  # rows 3000..5999: its first 2000 can be holdout rows, the rest cannot
     assert not held & {tuple(r) for r in a0.numpy().tolist()} and not held & {tuple(r) for r in a1.numpy().tolist()}
