@@ -4,9 +4,11 @@ simulated on the benchmark's own task.
 Each row is one algorithm and K as `bench compare` measured it (``--regime resnet110-gbe``: 100 Mbit, T = 300 ms,
 the 1.13 M-parameter MLP, Adam 1e-3, batch 64; sync H = 15, EASGD τ = 30, DiLoCo H = 50), with the exchange's
 CPU as calibrated on this machine (0.06 s/MB on 2 shared cores).  The teacher task is held at the benchmark's
-(``--task-seed 0``, ``conf/teacher_mlp.yaml``) and so is the holdout: the 9,915 rows the trainer's hash split puts
-aside from that task's 1 M rows (``--split-rows``; until 2026-11-26 it was 10,000 rows after the agents', whose
-error on the plateau near 24% ran about one point above the runtime's holdout for the same model); only
+(``--task-seed 0``, ``conf/teacher_mlp.yaml``) and so is the holdout: the 5,000 rows the trainer scores on, those
+of the smallest row hash among the 9,915 its hash split puts aside from that task's 1 M rows (``--split-rows``;
+until 2026-11-26 it was 10,000 rows after the agents', whose error on the plateau near 24% ran about one point
+above the runtime's holdout for the same model, and then all 9,915 rows, of which the runtime scored on
+whichever 5,000 a collection returned first); only
 the run's seed changes between repeats (initial model, batch order), as only timing changes between the
 benchmark's repeats — until 2026-11-26 the README's loop drew a new teacher per seed, which mixed the task's
 difficulty into the spread.  Prints medians and per-seed times to each target and the mean cycle, and writes

@@ -135,12 +135,24 @@ def test_the_holdout_split_depends_on_each_rows_content_not_on_partitioning_or_o
     x, y = task.take(np.arange(task.rows))  # the simulator's copy of the split (mpca.data.xxhash), no JVM
     mask = holdout_mask(x, y, 0.1, 0)
     assert {tuple(r) for r in x[mask].tolist()} == hold
-    # the rows the trainer evaluates: the same 300, in the same order, on either partitioning and in numpy
-    evaluated = [tensors(to_arrow(evaluation_rows(hash_split(df, "features", "label", 0.1, 0)[1], "features", "label",
-                                                  0, 300)), "features", "label", (8,))[0].numpy()
-                 for df in (task.dataframe(spark, 2), task.dataframe(spark, 5).orderBy(F.desc("label")))]
+    # the rows the trainer scores on: with no partition holding more than max_rows holdout rows (~1,000 each of
+    # 2, ~400 each of 5), the 1,200 of the smallest hash — the same, in the same order, on either partitioning
+    # and in numpy (not so a sort's shuffle: its partitions can hold more, e.g. one coalesced by AQE)
+    def scored(df, max_rows):
+        split = hash_split(df, "features", "label", 0.1, 0)[1]
+        return tensors(to_arrow(evaluation_rows(split, "features", "label", 0, max_rows)), "features", "label",
+                       (8,))[0].numpy()
+
+    evaluated = [scored(task.dataframe(spark, 2), 1200),
+                 scored(task.dataframe(spark, 5), 1200)]
     assert np.array_equal(evaluated[0], evaluated[1])
-    assert np.array_equal(evaluated[0], x[mask][evaluation_subset(x[mask], y[mask], 0, 300)])
+    assert np.array_equal(evaluated[0], x[mask][evaluation_subset(x[mask], y[mask], 0, 1200)])
+    # fewer: of each partition's first 300 holdout rows (a bounded read), the 300 smallest, every time
+    few = [scored(task.dataframe(spark, 2), 300) for _ in range(2)]
+    firsts = [(x[lo:lo + 10_000][mask[lo:lo + 10_000]][:300], y[lo:lo + 10_000][mask[lo:lo + 10_000]][:300])
+              for lo in (0, 10_000)]  # spark.range's 2 partitions: rows 0-9,999 and 10,000-19,999
+    px, py = np.concatenate([f[0] for f in firsts]), np.concatenate([f[1] for f in firsts])
+    assert np.array_equal(few[0], few[1]) and np.array_equal(few[0], px[evaluation_subset(px, py, 0, 300)])
     trainer = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, input_shape=(8,), holdout=0.1,
-                      holdout_max_rows=300, spark=spark)
+                      holdout_max_rows=1200, spark=spark)
     assert np.array_equal(trainer._split(task.dataframe(spark, 3))[1].numpy(), evaluated[0])  # what fit scores on
