@@ -21,6 +21,10 @@ def test_the_task_stays_the_benchmarks_while_the_run_seed_changes(tmp_path):
     assert b.compute.seed == 2 and b.network.exchange_cpu_s_per_mb == 0.06 and b.network.host_cores == 2
     assert (b.network.link_bps, b.compute.step_s) == (100e6, 0.3)  # the regime the measured rows ran in
     assert b.workload.split_rows == 1_000_000  # evaluated on the runtime's holdout of the benchmark's 1 M rows
+    args.rows = 0  # the default: each agent trains on the runtime's partition of the 1 M rows
+    assert [config({"name": "sync"}, k, "fp32", 0, args).workload.rows_per_agent for k in (1, 2, 4)] == \
+        [1_000_000, 500_000, 250_000]
+    args.rows = 100
     out = tmp_path / "v.json"
     assert main(["--rows", "200", "--split-rows", "8000", "--max-seconds", "1.5", "--seeds", "2", "--only", "mpca@2",
                  "--json", str(out)]) == 0
