@@ -157,3 +157,16 @@ def test_diloco_s_outer_learning_rates_are_tried_again_at_the_best_period_found(
     assert [s for s, _ in at_best("diloco", past, 5)] == ["every=15,outer_lr=1"]  # only those not tried yet
     sync = [{"algorithm": a} for _, a in grid("sync", 12, 4)]
     assert at_best("sync", sync, 0) == []
+
+
+def test_the_comm_comp_ratio_comes_from_mpcas_fp32_run_when_the_wire_varies():
+    """bench compare --wire fp32,int8 labels its runs mpca@fp32 and mpca@int8: the ratio of one full-model
+    exchange is the fp32 run's (it printed "None ... infx off it" before), and {} where no mpca ran."""
+    from mpca.bench.compare import ratio_run
+
+    fp32, int8, sync = ({"algorithm": {"name": n}, "comm_comp": c} for n, c in (("mpca", 11.5), ("mpca", 5.0),
+                                                                              ("sync", None)))
+    assert ratio_run({"mpca@int8": int8, "mpca@fp32": fp32, "sync": sync}) is fp32
+    assert ratio_run({"sync": sync, "mpca": int8}) is int8
+    assert ratio_run({"sync": sync, "mpca:gamma0": int8}) is int8  # an mpca variant alone
+    assert ratio_run({"sync": sync}) == {}
