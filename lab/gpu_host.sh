@@ -7,11 +7,14 @@
 # 2. `make test-gpu`'s tests (tests/gpu: agents on the host's CUDA devices through Spark's resource scheduling);
 # 3. the Eq. 7 pull against a training step on the CPU and the GPU (mpca.bench.pull);
 # 4. with the time left, issue 23's ≈ 100 regime that a 2-core machine cannot hold (`bench compare --regime
-#    vgga-gbe`, K = 4: mpca against sync at the period the simulator found best, H = 62, medians of 3) when the
+#    vgga-gbe`, K = 4, emulated devices on the CPU, medians of 3: mpca and mpca@int8 (issue 25) against sync
+#    and DiLoCo at the settings the simulator found best, H = 62, DiLoCo's outer learning rate 0.5) when the
 #    emulated cluster runs here; else the ≈ 12 regime's emulated devices at K = 8 on local-cluster with no link
 #    (labelled so by the benchmark itself).
-# REPEATS (default 3) and PULL=0 (skip step 3) shorten a pass.
-# Writes at most 5 files to OUT_DIR: facts.txt, test-gpu.log, bench.log, compare.json, compare.png.
+# REPEATS (default 3), MAX_SECONDS (per run, default 60), PULL=0 (skip step 3) and TESTS=0 (skip step 2) shorten
+# a pass; WIRE=int8 with ALGORITHMS= (empty) runs step 4's baselines alone with that wire format.
+# Writes at most 6 files to OUT_DIR: facts.txt, test-gpu.log, bench.log, compare.json, compare.png and runs.tgz
+# (every finished run's history.csv and run.json, so that a pass cut short by its time keeps them).
 # Needs python3 with torch, pyspark, pytest (and pytest-timeout) importable, and java on PATH; the emulated
 # cluster needs root, ip and tc (iproute2) and network namespaces.  A trimmed Spark jar set must keep Arrow's
 # jars (arrow-vector, arrow-format, arrow-memory-core, arrow-memory-netty, arrow-memory-netty-buffer-patch,
@@ -38,16 +41,23 @@ py=${PYTHON:-python3}
 } > "$out/facts.txt" 2>&1
 cat "$out/facts.txt"
 
-echo "== tests/gpu ($(left) s left)"
-MPCA_GPU_TESTS=1 timeout 240 $py -m pytest tests/gpu -p no:cacheprovider -q -rA --timeout 200 > "$out/test-gpu.log" 2>&1
-echo "tests/gpu exit $?"; tail -15 "$out/test-gpu.log"
+if [ "${TESTS:-1}" != 0 ]; then
+  echo "== tests/gpu ($(left) s left)"
+  MPCA_GPU_TESTS=1 timeout 240 $py -m pytest tests/gpu -p no:cacheprovider -q -rA --timeout 200 > "$out/test-gpu.log" 2>&1
+  echo "tests/gpu exit $?"; tail -15 "$out/test-gpu.log"
+fi
 
-common=(--no-tune --repeats "${REPEATS:-3}" --targets 0.3,0.26,0.24 --out /tmp/gpu-host-compare)
+common=(--no-tune --repeats "${REPEATS:-3}" --targets 0.3,0.26,0.24 --out /tmp/gpu-host-compare
+        --max-seconds "${MAX_SECONDS:-60}")
 if grep -q "emulated cluster: (True" "$out/facts.txt"; then
-  cmd=(bench compare --regime vgga-gbe "${common[@]}" --max-seconds 75 --algorithms mpca
-       --variant "sync:H62=sync,every=62" training.agents=4 "cluster.master=local-cluster[4,2,1024]")
+  # WIRE=int8 ALGORITHMS= : the baselines alone, each with that wire format (labelled sync:H62@int8, ...)
+  labels=(--algorithms "${ALGORITHMS-mpca}" --variant "sync:H62=sync,every=62"
+          --variant "diloco:H62=diloco,every=62,outer_lr=0.5")
+  if [ -n "${WIRE:-}" ]; then labels+=(--wire "$WIRE"); else labels+=(--variant "mpca@int8=mpca"); fi
+  cmd=(bench compare --regime vgga-gbe "${common[@]}" "${labels[@]}" training.agents=4
+       "cluster.master=local-cluster[4,2,1024]" cluster.gpus=none)
 else
-  cmd=(bench compare --device-step 0.3 "${common[@]}" --max-seconds 60 --algorithms mpca
+  cmd=(bench compare --device-step 0.3 "${common[@]}" --algorithms mpca
        --variant "diloco:H60=diloco,every=60" --variant "sync:H15=sync,every=15" training.agents=8
        "cluster.master=local-cluster[8,2,1024]" cluster.gpus=none)
 fi
@@ -57,6 +67,7 @@ if [ "$budget" -gt 90 ]; then
   timeout "$budget" $py -m mpca.cli "${cmd[@]}" > "$out/bench.log" 2>&1
   echo "bench exit $?"; tail -30 "$out/bench.log"
   cp /tmp/gpu-host-compare/compare.json /tmp/gpu-host-compare/*.png "$out/" 2>/dev/null
+  tar czf "$out/runs.tgz" -C /tmp --exclude=checkpoints --exclude=warm-up gpu-host-compare 2>/dev/null
 else
   echo "no time left for the benchmark" | tee "$out/bench.log"
 fi

@@ -224,7 +224,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
     os.makedirs(os.path.join(out, _dirname(label)), exist_ok=True)
     fit.history.to_csv(os.path.join(out, _dirname(label), "history.csv"), index=False)
     moved = _traffic(fit)
-    return {"label": label, "algorithm": algorithm, "agents": settings.training.agents, "history": fit.history,
+    run = {"label": label, "algorithm": algorithm, "agents": settings.training.agents, "history": fit.history,
             "time_to": {t: time_to(fit.history, t) for t in targets}, "final_error": fit.final.error,
             "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": moved, "duty_cycle": _duty(fit),
             "bytes_per_cycle": moved / fit.cycles if fit.cycles else math.nan,
@@ -233,6 +233,16 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
             "samples_per_s": _samples_per_s(fit), "cpu": cpu, "agents_up_s": fit.agents_up_s,
             "first_exchange_s": fit.first_exchange_s, "prepare_s": fit.prepare_s, "startup": startup_medians(fit),
             "emulation": device_check(fit.agents, cpu, settings.training.device_step_s)}
+    write_run_record(run, os.path.join(out, _dirname(label), "run.json"))
+    return run
+
+
+def write_run_record(run: dict, path: str) -> str:
+    """One finished run's figures beside its history.csv, written as soon as the run ends: a comparison cut
+    short (a time limit, a lost machine) keeps each finished run's times, validity and CPU, not only its curve."""
+    from mpca.report import write_json
+
+    return write_json(path, {k: v for k, v in run.items() if k != "history"})
 
 
 def _samples_per_s(fit) -> float:
