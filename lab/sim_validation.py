@@ -3,8 +3,9 @@ simulated on the benchmark's own task.
 
 Each row is one algorithm and K as `bench compare` measured it (``--regime resnet110-gbe``: 100 Mbit, T = 300 ms,
 the 1.13 M-parameter MLP, Adam 1e-3, batch 64; sync H = 15, EASGD τ = 30, DiLoCo H = 50), with the exchange's
-CPU as calibrated on this machine (0.06 s/MB on 2 shared cores).  The teacher task is held at the benchmark's
-(``--task-seed 0``, ``conf/teacher_mlp.yaml``) and so is the holdout: the 5,000 rows the trainer scores on, those
+CPU as calibrated on this machine (0.06 s/MB on 2 shared cores); ``--regime vgga-gbe`` runs instead the rows
+measured in the ≈ 100 regime (30 Mbit, T = 100 ms) on a 16-core host (``--host-cores 16`` to match it).  The
+teacher task is held at the benchmark's (``--task-seed 0``, ``conf/teacher_mlp.yaml``) and so is the holdout: the 5,000 rows the trainer scores on, those
 of the smallest row hash among the 9,915 its hash split puts aside from that task's 1 M rows (``--split-rows``;
 until 2026-11-26 it was 10,000 rows after the agents', whose error on the plateau near 24% ran about one point
 above the runtime's holdout for the same model, and then all 9,915 rows, of which the runtime scored on
@@ -38,8 +39,9 @@ from mpca.sim.constants import NetworkConstants
 from mpca.sim.simulator import SimConfig, Simulator
 from mpca.sim.workload import TeacherWorkload
 
-REGIME = regime("resnet110-gbe")  # the regime every measured row ran in: its link and step time T
-# (label, algorithm, K, wire): the rows bench compare measured (README, "How far to trust it")
+# (label, algorithm, K, wire): the rows bench compare measured (README, "How far to trust it"), by the regime
+# they ran in (its link and step time T): resnet110-gbe on this 2-core machine, vgga-gbe on a 16-core host
+# (lab/gpu_host.sh, 2026-11-26: sync and DiLoCo at the simulator's best H = 62, DiLoCo's outer learning rate 0.5)
 ROWS = (
     ("mpca@fp32", {"name": "mpca"}, 4, "fp32"),
     ("mpca@int8", {"name": "mpca"}, 4, "int8"),
@@ -52,6 +54,15 @@ ROWS = (
     ("sync H15", {"name": "sync", "every": 15}, 2, "fp32"),
     ("easgd t30", {"name": "easgd", "every": 30}, 2, "fp32"),
 )
+VGGA_ROWS = (
+    ("mpca@fp32", {"name": "mpca"}, 4, "fp32"),
+    ("mpca@int8", {"name": "mpca"}, 4, "int8"),
+    ("sync H62@fp32", {"name": "sync", "every": 62}, 4, "fp32"),
+    ("sync H62@int8", {"name": "sync", "every": 62}, 4, "int8"),
+    ("diloco H62@fp32", {"name": "diloco", "every": 62, "outer_lr": 0.5}, 4, "fp32"),
+    ("diloco H62@int8", {"name": "diloco", "every": 62, "outer_lr": 0.5}, 4, "int8"),
+)
+ROWS_BY_REGIME = {"resnet110-gbe": ROWS, "vgga-gbe": VGGA_ROWS}
 
 
 def rows_per_agent(args, agents: int) -> int:
@@ -67,10 +78,11 @@ def rows_per_agent(args, agents: int) -> int:
 
 
 def config(algorithm: dict, agents: int, wire: str, seed: int, args) -> SimConfig:
-    net = NetworkConstants(link_bps=parse_rate(REGIME.link), exchange_cpu_s_per_mb=args.exchange_cpu,
+    measured_in = regime(getattr(args, "regime", "resnet110-gbe"))
+    net = NetworkConstants(link_bps=parse_rate(measured_in.link), exchange_cpu_s_per_mb=args.exchange_cpu,
                            host_cores=args.host_cores)
     return SimConfig(algorithm=algorithm, agents=agents, wire=wire, network=net,
-                     compute=ComputeModel(step_s=REGIME.device_step_s, seed=seed),
+                     compute=ComputeModel(step_s=measured_in.device_step_s, seed=seed),
                      workload=TeacherWorkload(rows_per_agent=rows_per_agent(args, agents), holdout=args.holdout,
                                               seed=args.task_seed,
                                               holdout_at=args.holdout_at, split_rows=args.split_rows or None),
@@ -119,6 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--holdout-at", type=int, default=None,
                     help="with --split-rows 0: the holdout's first row (default: after the agents' rows, so it "
                          "moves with K; 200000 gives every row of the table the holdout of K = 4)")
+    ap.add_argument("--regime", choices=sorted(ROWS_BY_REGIME), default="resnet110-gbe",
+                    help="the measured rows of this regime (vgga-gbe: measured on a 16-core host)")
     ap.add_argument("--max-seconds", type=float, default=90.0)
     ap.add_argument("--exchange-cpu", type=float, default=0.06)
     ap.add_argument("--host-cores", type=int, default=2)
@@ -139,7 +153,7 @@ def _run(args) -> int:
     out = []
     print("| run | K | mean cycle s | " + " | ".join(f"t({t:g}) s median (seeds)" for t in TARGETS) + " | wall s |")
     print("|---|---|---|" + "---|" * len(TARGETS) + "---|")
-    for label, algorithm, agents, wire in ROWS:
+    for label, algorithm, agents, wire in ROWS_BY_REGIME[args.regime]:
         if wanted and f"{label}@{agents}" not in wanted:
             continue
         t0 = time.time()
