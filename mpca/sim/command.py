@@ -103,6 +103,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agent-wait", type=float, default=None,
                    help="seconds a cycle waits for a silent agent (cluster.agent_wait_s; default: 5 x the median "
                         "recent cycle within 2-10 s)")
+    p.add_argument("--startup", type=float, default=0.0, metavar="SECONDS",
+                   help="the runtime's start-up: nothing steps or exchanges before SECONDS, and times count from "
+                        "fit's start (bench compare prints the measured start-up; default 0)")
     p.add_argument("--task-seed", type=int, default=None,
                    help="the teacher task's seed (default: --seed; 0 is the benchmark's task, conf/teacher_mlp.yaml): "
                         "keep it fixed and vary --seed to see one task's run-to-run spread")
@@ -129,7 +132,7 @@ def config_from(args) -> SimConfig:
                          targets=tuple(parse_floats(args.targets)), seed=args.seed,
                          absences=tuple([Absence.parse(h, "hang") for h in args.hang] +
                                         [Absence.parse(x, "lost") for x in args.lose]),
-                         agent_wait_s=args.agent_wait)
+                         agent_wait_s=args.agent_wait, startup_s=args.startup)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "settings"

@@ -87,6 +87,10 @@ class SimConfig(BaseModel):
     seed: int = 0
     absences: Tuple[Absence, ...] = ()  # agents that hang or are lost (mpca.sim.presence)
     agent_wait_s: Optional[float] = Field(None, gt=0)  # cluster.agent_wait_s (None: the runtime's default rule)
+    # the runtime's start-up: seconds from fit's start until every agent is up (its task, data and model; bench
+    # compare prints it); nothing steps or exchanges before, and every time (targets, absences) counts from fit's
+    # start, as the benchmark's do.  0: the agents step at once.
+    startup_s: float = Field(0.0, ge=0)
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -154,7 +158,7 @@ class Simulator:
                                 settings={"algorithm": algo.model_dump(mode="json"),
                                           "compute": {"step_s": cfg.compute.step_s, "jitter": cfg.compute.jitter,
                                                       "speeds": dict(cfg.compute.speeds)},
-                                          "batch_size": cfg.batch_size, "seed": cfg.seed,
+                                          "batch_size": cfg.batch_size, "seed": cfg.seed, "startup_s": cfg.startup_s,
                                           "parameters": self.layout.total_numel,
                                           "workload": dataclasses.asdict(cfg.workload)},
                                 targets=list(cfg.targets))
@@ -305,15 +309,16 @@ class Simulator:
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
         wall = time.perf_counter()
+        up = self.cfg.startup_s
         if self.ddp:
-            self.clock.schedule(0.0, self._ddp_step)
+            self.clock.schedule(up, self._ddp_step)
         else:
             for a in range(self.K):
-                self._later(0.0, a, self._step)
+                self._later(up, a, self._step)
             for absence in self.cfg.absences:
                 self.clock.schedule(absence.at_s, lambda when, ab=absence: self._absence(ab, when))
         if self.pipeline is not None:
-            self.pipeline.start(0.0)
+            self.pipeline.start(up)
         self.clock.schedule(0.0, self._evaluate)
         self.clock.run_until(self.cfg.max_virtual_s, stop=lambda: self.done)
         res = self.result

@@ -66,6 +66,20 @@ def test_holdout_split_evaluates_on_the_runtimes_holdout_and_a_bad_one_is_one_li
         config_from(p.parse_args(["--holdout-split", "0"]))
 
 
+def test_startup_is_the_simulations_start_up_and_a_negative_one_is_one_line():
+    import argparse
+
+    from mpca.errors import UserError
+    from mpca.sim.command import add_arguments, config_from
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert config_from(p.parse_args([])).startup_s == 0.0
+    assert config_from(p.parse_args(["--startup", "7.6"])).startup_s == 7.6
+    with pytest.raises(UserError, match="simulate: startup_s: Input should be greater than or equal to 0"):
+        config_from(p.parse_args(["--startup", "-1"]))
+
+
 def test_hang_and_lose_become_the_simulations_absences_and_the_table_says_who_was_away(capsys):
     import argparse
 

@@ -153,6 +153,20 @@ def test_the_network_decides_the_time_to_target():
     assert slow_cycle > fast_cycle
 
 
+def test_start_up_holds_every_step_and_cycle_and_times_count_from_fits_start():
+    """With the runtime's start-up (3 s), nothing steps or exchanges before it, the model evaluated meanwhile
+    is the initial one, and sync (deterministic) then reads what it reads without start-up, 3 s later."""
+    algo = {"name": "sync", "every": 2}
+    plain = simulate(config(algo, eval_every_s=1.0, max_virtual_s=10.0))
+    late = simulate(config(algo, eval_every_s=1.0, max_virtual_s=13.0, startup_s=3.0))
+    initial = plain.history[0].holdout_error
+    assert [(r.t, r.steps, r.holdout_error) for r in late.history[:3]] == [(t, 0, initial) for t in (0, 1, 2)]
+    assert plain.cycles[0].start < 3.0 <= late.cycles[0].start
+    shifted = {r.t - 3.0: (r.steps, r.holdout_error) for r in late.history if r.t >= 3.0}
+    assert [(r.steps, r.holdout_error) for r in plain.history] == [shifted[r.t] for r in plain.history]
+    assert plain.history[-1].holdout_error < initial and late.settings["startup_s"] == 3.0
+
+
 def test_the_exchange_cpu_lengthens_every_cycle_by_its_seconds_per_mb():
     """mpca, 2 agents on 1 shared core at 1 s/MB: every cycle ends (up + down bytes) × 1 s/MB × 2 later than
     without the CPU term (same network, same first cycle)."""
