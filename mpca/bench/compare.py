@@ -223,6 +223,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
     cpu = profile.stop(int(a["pid"]) for a in fit.agents if a.get("pid"))
     os.makedirs(os.path.join(out, _dirname(label)), exist_ok=True)
     fit.history.to_csv(os.path.join(out, _dirname(label), "history.csv"), index=False)
+    fit.timeline.write_csv(os.path.join(out, _dirname(label), "timeline.csv"))  # every cycle's phases and bytes
     moved = _traffic(fit)
     run = {"label": label, "algorithm": algorithm, "agents": settings.training.agents, "history": fit.history,
             "time_to": {t: time_to(fit.history, t) for t in targets}, "final_error": fit.final.error,

@@ -59,6 +59,8 @@ def test_compare_writes_table_json_and_plot_for_each_algorithm(spark, tmp_path):
     assert {"start-up s", "first exchange s", "tasks started s", "data read s", "driver prep s"} <= set(tab.columns)
     assert js["comm_comp_ratio"] > 0 and (tmp_path / "compare.png").stat().st_size > 10_000
     assert (tmp_path / "mpca" / "history.csv").exists()
+    cycles = pd.read_csv(tmp_path / "mpca" / "timeline.csv")  # each cycle's phases and bytes, beside the curve
+    assert len(cycles) == m["cycles"] and (cycles["t_end"] >= cycles["t_submit"]).all(), cycles
     record = json.loads((tmp_path / "mpca" / "run.json").read_text())  # written as the run ended
     assert record["time_to"] == m["time_to"] and "history" not in record, record
     assert record["emulation"] == m["emulation"][0] and record["wall_s"] == m["wall_s"], record
