@@ -2,21 +2,20 @@
 simulated on the benchmark's own task.
 
 Each row is one algorithm and K as `bench compare` measured it (``--regime resnet110-gbe``: 100 Mbit, T = 300 ms,
-the 1.13 M-parameter MLP, Adam 1e-3, batch 64; sync H = 15, EASGD τ = 30, DiLoCo H = 50), with the exchange's
-CPU as calibrated on this machine (0.06 s/MB on 2 shared cores); ``--regime vgga-gbe`` runs instead the rows
-measured in the ≈ 100 regime (30 Mbit, T = 100 ms) on a 16-core host (``--host-cores 16`` to match it).  The
-teacher task is held at the benchmark's (``--task-seed 0``, ``conf/teacher_mlp.yaml``) and so is the holdout: the 5,000 rows the trainer scores on, those
-of the smallest row hash among the 9,915 its hash split puts aside from that task's 1 M rows (``--split-rows``;
-until 2026-11-26 it was 10,000 rows after the agents', whose error on the plateau near 24% ran about one point
-above the runtime's holdout for the same model, and then all 9,915 rows, of which the runtime scored on
-whichever 5,000 a collection returned first), and so are the agents' rows: agent a trains on the runtime's
-partition a, the task's rows [a·N/K, (a+1)·N/K) less the holdout's (``--rows``; until 2026-11-26 50,000 other
-rows per agent).  The run's seed is the benchmark's, 0 (``--seeds 1``): its repeats share the initial model and
-batch order and differ in timing alone, which the simulator's fixed step time does not; ``--seeds 3`` adds
-seeds 1 and 2 (another initial model and batch order: how far those move a time).  Until 2026-11-26 the
-README's table took the median of seeds 0–2, and before that a new teacher per seed, which mixed the task's
-difficulty into the spread.  Prints medians and per-seed times to each target and the mean cycle, and writes
-JSON:
+the 1.13 M-parameter MLP, Adam 1e-3, batch 64; sync H = 15, EASGD τ = 30, DiLoCo H = 50), with the exchange's CPU as
+calibrated on this machine (0.06 s/MB on 2 shared cores); ``--regime vgga-gbe`` runs instead the rows measured in
+the ≈ 100 regime (30 Mbit, T = 100 ms) on a 16-core host (``--host-cores 16`` to match it). The teacher task is held
+at the benchmark's (``--task-seed 0``, ``conf/teacher_mlp.yaml``) and so is the holdout: the 5,000 rows the trainer
+scores on, those of the smallest row hash among the 9,915 its hash split puts aside from that task's 1 M rows
+(``--split-rows``; until 2026-11-26 it was 10,000 rows after the agents', whose error on the plateau near 24% ran
+about one point above the runtime's holdout for the same model, and then all 9,915 rows, of which the runtime scored
+on whichever 5,000 a collection returned first), and so are the agents' rows: agent a trains on the runtime's
+partition a, the task's rows [a·N/K, (a+1)·N/K) less the holdout's (``--rows``; until 2026-11-26 50,000 other rows
+per agent). The run's seed is the benchmark's, 0 (``--seeds 1``): its repeats share the initial model and batch
+order and differ in timing alone, which the simulator's fixed step time does not; ``--seeds 3`` adds seeds 1 and 2
+(another initial model and batch order: how far those move a time). Until 2026-11-26 the README's table took the
+median of seeds 0–2, and before that a new teacher per seed, which mixed the task's difficulty into the spread.
+Prints medians and per-seed times to each target and the mean cycle, and writes JSON:
 
     python -m lab.sim_validation --json /tmp/sim-validation.json
 """

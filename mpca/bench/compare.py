@@ -226,14 +226,14 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
     fit.timeline.write_csv(os.path.join(out, _dirname(label), "timeline.csv"))  # every cycle's phases and bytes
     moved = _traffic(fit)
     run = {"label": label, "algorithm": algorithm, "agents": settings.training.agents, "history": fit.history,
-            "time_to": {t: time_to(fit.history, t) for t in targets}, "final_error": fit.final.error,
-            "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": moved, "duty_cycle": _duty(fit),
-            "bytes_per_cycle": moved / fit.cycles if fit.cycles else math.nan,
-            "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None, "figures": figures(fit.history),
-            "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None,
-            "samples_per_s": _samples_per_s(fit), "cpu": cpu, "agents_up_s": fit.agents_up_s,
-            "first_exchange_s": fit.first_exchange_s, "prepare_s": fit.prepare_s, "startup": startup_medians(fit),
-            "emulation": device_check(fit.agents, cpu, settings.training.device_step_s)}
+           "time_to": {t: time_to(fit.history, t) for t in targets}, "final_error": fit.final.error,
+           "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": moved, "duty_cycle": _duty(fit),
+           "bytes_per_cycle": moved / fit.cycles if fit.cycles else math.nan,
+           "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None, "figures": figures(fit.history),
+           "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None,
+           "samples_per_s": _samples_per_s(fit), "cpu": cpu, "agents_up_s": fit.agents_up_s,
+           "first_exchange_s": fit.first_exchange_s, "prepare_s": fit.prepare_s, "startup": startup_medians(fit),
+           "emulation": device_check(fit.agents, cpu, settings.training.device_step_s)}
     write_run_record(run, os.path.join(out, _dirname(label), "run.json"))
     return run
 
