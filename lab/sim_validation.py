@@ -62,6 +62,7 @@ VGGA_ROWS = (
     ("diloco H62@int8", {"name": "diloco", "every": 62, "outer_lr": 0.5}, 4, "int8"),
 )
 ROWS_BY_REGIME = {"resnet110-gbe": ROWS, "vgga-gbe": VGGA_ROWS}
+DEFAULT_REGIME = "resnet110-gbe"
 
 
 def rows_per_agent(args, agents: int) -> int:
@@ -77,7 +78,7 @@ def rows_per_agent(args, agents: int) -> int:
 
 
 def config(algorithm: dict, agents: int, wire: str, seed: int, args) -> SimConfig:
-    measured_in = regime(getattr(args, "regime", "resnet110-gbe"))
+    measured_in = regime(getattr(args, "regime", DEFAULT_REGIME))
     net = NetworkConstants(link_bps=parse_rate(measured_in.link), exchange_cpu_s_per_mb=args.exchange_cpu,
                            host_cores=args.host_cores)
     return SimConfig(algorithm=algorithm, agents=agents, wire=wire, network=net,
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--holdout-at", type=int, default=None,
                     help="with --split-rows 0: the holdout's first row (default: after the agents' rows, so it "
                          "moves with K; 200000 gives every row of the table the holdout of K = 4)")
-    ap.add_argument("--regime", choices=sorted(ROWS_BY_REGIME), default="resnet110-gbe",
+    ap.add_argument("--regime", choices=sorted(ROWS_BY_REGIME), default=DEFAULT_REGIME,
                     help="the measured rows of this regime (vgga-gbe: measured on a 16-core host)")
     ap.add_argument("--max-seconds", type=float, default=90.0)
     ap.add_argument("--exchange-cpu", type=float, default=0.06)

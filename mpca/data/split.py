@@ -38,14 +38,14 @@ def _row_hash(features: str, label: str, seed: int):
 
 
 def evaluation_rows(holdout, features: str, label: str, seed: int, max_rows: int):
-    """The holdout rows the trainer scores on: each partition's first ``max_rows`` holdout rows (a read bounded
-    as ``limit``'s is), and of those the ``max_rows`` of the smallest row hash (``xxhash64(seed, features,
-    label)``, 64 bits: ties only between identical rows).  The same rows in every run on the same data (read in
-    the same order, as a scan is; a shuffle's partitions are not); where no partition holds more than ``max_rows`` holdout rows (the benchmark's task), the smallest-hash
-    rows of the whole holdout, whatever the partitioning — the rows :func:`evaluation_subset` picks.
-    ``limit(max_rows)`` alone took a different subset from one collection to the next (its partitions' rows
-    arrive in any order: 2 of 3 collections of the benchmark's holdout agreed), so one model scored
-    differently in two runs of one job and the benchmark's algorithms were scored on different rows."""
+    """The holdout rows the trainer scores on: each partition's first ``max_rows`` holdout rows (a read bounded as
+    ``limit``'s is), and of those the ``max_rows`` of the smallest row hash (``xxhash64(seed, features, label)``, 64
+    bits: ties only between identical rows). The same rows in every run on the same data (read in the same order, as
+    a scan is; a shuffle's partitions are not); where no partition holds more than ``max_rows`` holdout rows (the
+    benchmark's task), the smallest-hash rows of the whole holdout, whatever the partitioning — the rows
+    :func:`evaluation_subset` picks. ``limit(max_rows)`` alone took a different subset from one collection to the
+    next (its partitions' rows arrive in any order: 2 of 3 collections of the benchmark's holdout agreed), so one
+    model scored differently in two runs of one job and the benchmark's algorithms were scored on different rows."""
     n = int(max_rows)
     columns = holdout.select(features, label)
 

@@ -101,12 +101,12 @@ def as_driver_sum(partial: Partial) -> Optional[WeightedSum]:
 
 
 class VirtualPipeline:
-    """Runs the cycles of a driver-initiated algorithm on ``clock``.  ``deliver(agent, shard, data, params, t)``
-    hands an agent an encoded broadcast; ``contribute(agent, shard, params)`` returns (bytes, weight, extra) or
-    None when the agent's rule is not ready to yield (the simulator calls :meth:`offer` after its next step); it
-    is asked only while ``presence`` says the agent's process can answer.  ``presence``: who is absent or
-    joining; ``join(agents, params, t)`` hands replacements the joint model (``join_bytes``: its size on the wire); ``agent_wait_s``: the configured bound
-    of the wait for a silent agent (None: the runtime's default rule)."""
+    """Runs the cycles of a driver-initiated algorithm on ``clock``. ``deliver(agent, shard, data, params, t)``
+    hands an agent an encoded broadcast; ``contribute(agent, shard, params)`` returns (bytes, weight, extra) or None
+    when the agent's rule is not ready to yield (the simulator calls :meth:`offer` after its next step); it is asked
+    only while ``presence`` says the agent's process can answer. ``presence``: who is absent or joining;
+    ``join(agents, params, t)`` hands replacements the joint model (``join_bytes``: its size on the wire);
+    ``agent_wait_s``: the configured bound of the wait for a silent agent (None: the runtime's default rule)."""
 
     def __init__(self, clock: VirtualClock, rule: DriverRule, agents: int, codec: Codec, net: NetworkConstants,
                  interval_s: float, deliver: Callable, contribute: Callable, numel: Callable[[int], int],

@@ -25,8 +25,8 @@ def test_the_task_stays_the_benchmarks_while_the_run_seed_changes(tmp_path):
     assert [config({"name": "sync"}, k, "fp32", 0, args).workload.rows_per_agent for k in (1, 2, 4)] == \
         [1_000_000, 500_000, 250_000]
     args.regime = "vgga-gbe"  # the rows measured in the ≈ 100 regime: its link and T
-    assert (config({"name": "mpca"}, 4, "int8", 0, args).network.link_bps,
-            config({"name": "mpca"}, 4, "int8", 0, args).compute.step_s) == (30e6, 0.1)
+    vgga = config({"name": "mpca"}, 4, "int8", 0, args)
+    assert (vgga.network.link_bps, vgga.compute.step_s) == (30e6, 0.1)
     args.rows = 100
     out = tmp_path / "v.json"
     assert main(["--rows", "200", "--split-rows", "8000", "--max-seconds", "1.5", "--seeds", "2", "--only", "mpca@2",
