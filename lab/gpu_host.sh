@@ -12,7 +12,8 @@
 #    emulated cluster runs here; else the ≈ 12 regime's emulated devices at K = 8 on local-cluster with no link
 #    (labelled so by the benchmark itself).
 # REPEATS (default 3), MAX_SECONDS (per run, default 60), PULL=0 (skip step 3) and TESTS=0 (skip step 2) shorten
-# a pass; WIRE=int8 with ALGORITHMS= (empty) runs step 4's baselines alone with that wire format.
+# a pass; WIRE=int8 with ALGORITHMS= (empty) runs step 4's baselines alone with that wire format; INT8=0 leaves
+# mpca@int8 out.
 # Writes at most 6 files to OUT_DIR: facts.txt, test-gpu.log, bench.log, compare.json, compare.png and runs.tgz
 # (every finished run's history.csv and run.json, so that a pass cut short by its time keeps them).
 # Needs python3 with torch, pyspark, pytest (and pytest-timeout) importable, and java on PATH; the emulated
@@ -53,7 +54,8 @@ if grep -q "emulated cluster: (True" "$out/facts.txt"; then
   # WIRE=int8 ALGORITHMS= : the baselines alone, each with that wire format (labelled sync:H62@int8, ...)
   labels=(--algorithms "${ALGORITHMS-mpca}" --variant "sync:H62=sync,every=62"
           --variant "diloco:H62=diloco,every=62,outer_lr=0.5")
-  if [ -n "${WIRE:-}" ]; then labels+=(--wire "$WIRE"); else labels+=(--variant "mpca@int8=mpca"); fi
+  if [ -n "${WIRE:-}" ]; then labels+=(--wire "$WIRE"); elif [ "${INT8:-1}" != 0 ]; then
+    labels+=(--variant "mpca@int8=mpca"); fi
   cmd=(bench compare --regime vgga-gbe "${common[@]}" "${labels[@]}" training.agents=4
        "cluster.master=local-cluster[4,2,1024]" cluster.gpus=none)
 else

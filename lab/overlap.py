@@ -130,7 +130,7 @@ def main(argv=None) -> int:
                               for a, r in c.agents.items()}}
             # the broadcast fetch per agent's executor: start from Spark's task events, end when the deliver
             # task's Python code began; and whether the agent's shard went up while that fetch was running
-            windows = events.fetch_windows(c, deliver_from=K if pipe.split_tasks else 0)
+            windows = events.fetch_windows(c)
             row["fetch"] = {a: [w[0] - c.t_submit, w[1] - c.t_submit] for a, w in windows.items()}
             row["reduce_during_fetch"] = any(w[0] <= (c.agents[a].t_yield or 0) <= w[1]
                                              for a, w in windows.items() if a in c.agents)

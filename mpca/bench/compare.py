@@ -19,7 +19,8 @@ or weak synchronization's dropped gradients; for the run: network, communication
 one model exchange, cycle overlap), ``compare.png`` (error against wall time) and each run's history.
 ``--network`` runs everything on the emulated cluster of the repository's lab harness (``lab/netcluster.py`` of
 a checkout, :mod:`mpca.bench.emulated_cluster`) when it is at hand and this machine allows it (root, network
-namespaces, ``ip``/``tc``), else on local-cluster, labelled as such.  ``--device-step T`` gives
+namespaces, ``ip``/``tc``), else on local-cluster, labelled as such; its hosts have the cores and memory of the
+executors of ``cluster.master``'s ``local-cluster[K,C,MB]``.  ``--device-step T`` gives
 every agent an emulated device (:mod:`mpca.bench.emulation`): each training step takes T, for every
 algorithm; a run where agents fell behind T or the machine was saturated is marked INVALID in the table.
 ``--regime`` names a communication/computation ratio of the paper's Table 1 (:mod:`mpca.bench.regimes`:
@@ -39,6 +40,7 @@ import sys
 from typing import Dict, List, Optional
 
 from mpca.bench.regimes import REGIMES
+from mpca.local_cluster import parse_local_cluster
 
 ABLATIONS = {
     "mpca:gamma0": {"name": "mpca", "gamma": {"start": 0.0, "target": 0.0}},  # no extrapolation (Fig. 10a)
@@ -51,6 +53,14 @@ ABLATIONS = {
 FIGURES = {"mean_staleness": "median", "mean_d": "median", "dropped": "sum", "updates": "sum",
            "block_updates": "sum", "commits": "sum"}  # DriverRule.metrics() columns of the history, and how to sum up
 DEFAULT_CONFIG = "conf/teacher_mlp.yaml"  # 1.13 M parameters, 1 M generated rows: optimisation, not memorisation
+
+
+def emulated_hosts(cfg) -> Dict[str, int]:
+    """The emulated cluster's hosts as the run's ``local-cluster[K,C,MB]`` has its executors (C cores, MB
+    megabytes each; with C ≥ 3 an agent's reduce and deliver tasks have a slot each); lab/netcluster.py's
+    defaults (2 cores, 1024 MB) for any other master."""
+    shape = parse_local_cluster(cfg.cluster.master)
+    return {} if shape is None else {"cores": shape.cores, "memory_mb": shape.memory_mb}
 
 
 def time_to(history, target: float) -> float:
@@ -601,7 +611,7 @@ def main(argv=None, *, nested: bool = False) -> int:
             # it, so SIGTERM/SIGHUP/Ctrl-C tear the cluster down; one K of an --agents sweep runs it as a child)
             rc, why = emulated_cluster.run_inside(cfg.training.agents, args.network,
                                                   [sys.executable, "-m", "mpca.bench.compare", *argv],
-                                                  replace=not nested)
+                                                  replace=not nested, **emulated_hosts(cfg))
             if rc is not None:
                 return rc
             print(f"mpca bench compare: {why}; falling back to local-cluster (results labelled as such)",

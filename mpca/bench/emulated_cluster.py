@@ -106,9 +106,19 @@ def can_host(root: str) -> Tuple[bool, str]:
     return False, lines[-1].removeprefix("netcluster: ") if lines else f"netcluster --check: status {p.returncode}"
 
 
-def run_inside(workers: int, link: str, command: Sequence[str], replace: bool = True) -> Tuple[Optional[int], str]:
-    """Run ``command`` inside a new emulated cluster of ``workers`` worker hosts with ``link`` on every port,
-    where this machine can: ``python lab/netcluster.py --workers W --link L -q -- COMMAND`` of a checkout.
+def harness_argv(root: str, workers: int, link: str, command: Sequence[str], cores: int = 2,
+                 memory_mb: int = 1024) -> List[str]:
+    """lab/netcluster.py's command line for ``command`` on ``workers`` hosts of ``cores`` cores and ``memory_mb``
+    MB with ``link`` on every port."""
+    return [*_harness(root), "--workers", str(int(workers)), "--link", str(link), "--cores", str(int(cores)),
+            "--memory-mb", str(int(memory_mb)), "-q", "--", *command]
+
+
+def run_inside(workers: int, link: str, command: Sequence[str], replace: bool = True, cores: int = 2,
+               memory_mb: int = 1024) -> Tuple[Optional[int], str]:
+    """Run ``command`` inside a new emulated cluster of ``workers`` worker hosts with ``link`` on every port and
+    ``cores`` cores and ``memory_mb`` MB per worker (the run's ``local-cluster[K,C,MB]``), where this machine
+    can: ``python lab/netcluster.py --workers W --link L --cores C --memory-mb MB -q -- COMMAND`` of a checkout.
 
     ``replace``: this process becomes lab/netcluster.py (``os.execv``: same process, so SIGTERM, SIGHUP and
     Ctrl-C reach its own handler, which stops the command and tears the cluster down); does not return when it
@@ -120,7 +130,7 @@ def run_inside(workers: int, link: str, command: Sequence[str], replace: bool = 
     ok, why = can_host(root)
     if not ok:
         return None, why
-    argv = [*_harness(root), "--workers", str(int(workers)), "--link", str(link), "-q", "--", *command]
+    argv = harness_argv(root, workers, link, command, cores, memory_mb)
     if replace:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,10 +1,12 @@
 """The exchange jobs of one run: what their tasks do (an :class:`~mpca.runtime.exchange.ExchangePlan` with the
-run's identity and the roster's bounded wait), how many tasks reach the agents, and one Spark job per call —
-the union of its parts, tree-reduced to an :class:`~mpca.runtime.record.ExchangeRecord` — counted by purpose
-under the run's job group."""
+run's identity and the roster's bounded wait), how many tasks reach the agents, and one Spark job per part of a
+call — each tree-reduced to an :class:`~mpca.runtime.record.ExchangeRecord`, concurrent parts merged — counted
+by purpose under the run's job group."""
 from __future__ import annotations
 
 import functools
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Sequence
 
 from mpca.algorithm.wire import Codec
@@ -23,7 +25,7 @@ class ExchangeJobs:
         self.codec = codec
         self.executors = max(1, executors)
         self.task_timeout_s = task_timeout_s
-        self.counts: Dict[str, int] = {"cycle": 0, "correction": 0, "control": 0}  # Spark jobs, by purpose
+        self.counts: Dict[str, int] = {"cycle": 0, "deliver": 0, "correction": 0, "control": 0}  # jobs, by purpose
         self.job_group = f"mpca-{run_id}-exchange"
 
     def spread(self, agents: int, attempt: int = 1) -> int:
@@ -41,13 +43,42 @@ class ExchangeJobs:
         return self.run_parts([(plan, tasks, bc)], description, purpose)
 
     def run_parts(self, parts: Sequence[tuple], description: str, purpose: str) -> ExchangeRecord:
-        """One Spark job made of the union of ``(plan, tasks, broadcast or None)`` parts, tree-reduced.
+        """One Spark job per ``(plan, tasks, broadcast or None)`` part, each tree-reduced, run concurrently and
+        submitted in the order given (Spark's FIFO scheduler offers free task slots to the earlier job first);
+        their records merged.
 
-        Each part is its own Python function, so only the tasks of a part that references a broadcast wait
-        for its download; parts come in the order given (Spark offers lower task indices first)."""
-        self.counts[purpose] += 1
-        self.sc.setJobGroup(self.job_group, description, interruptOnCancel=True)
-        rdds = [self.sc.parallelize(range(n), n).mapPartitions(functools.partial(exchange_partition, plan, bc))
-                for plan, n, bc in parts]
-        rdd = rdds[0] if len(rdds) == 1 else self.sc.union(rdds)
+        Separate jobs, not one job of their union: a part without a broadcast never waits for another part's
+        download — neither for its tasks' start (each part is its own Python function, and only a task whose
+        function references a broadcast fetches it before it starts) nor at a stage barrier (a union of more
+        than a few partitions gets a treeReduce level, whose shuffle waits for every task of the stage, deliver
+        tasks included).  A cycle's deliver job is counted apart (``deliver``), so ``cycle`` stays one per
+        cycle."""
+        if len(parts) == 1:
+            return self._job(*parts[0], description, purpose)
+        with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="mpca-job") as pool:
+            futures = []
+            for i, (plan, tasks, bc) in enumerate(parts):
+                seen = self._last_job_id()
+                futures.append(pool.submit(self._job, plan, tasks, bc, description, purpose))
+                if i + 1 < len(parts):
+                    self._until_submitted(seen)
+            records = [f.result() for f in futures]  # every job has ended (the pool's exit waits) before a raise
+        return functools.reduce(merge_records, records)
+
+    def _job(self, plan: ExchangePlan, tasks: int, bc, description: str, purpose: str) -> ExchangeRecord:
+        self.counts["deliver" if purpose == "cycle" and plan.op == "deliver" else purpose] += 1
+        if plan.op == "deliver":
+            description = f"{description} (deliver)"
+        self.sc.setJobGroup(self.job_group, description, interruptOnCancel=True)  # per thread (pinned threads)
+        rdd = self.sc.parallelize(range(tasks), tasks).mapPartitions(functools.partial(exchange_partition, plan, bc))
         return rdd.treeReduce(merge_records, depth=2)
+
+    def _last_job_id(self) -> int:
+        return max(self.sc.statusTracker().getJobIdsForGroup(self.job_group) or [-1])
+
+    def _until_submitted(self, seen: int, wait_s: float = 0.5) -> None:
+        """Wait (bounded) until the run's exchange group has a job newer than ``seen``: the part just handed to
+        a thread is submitted before the next one, so that the FIFO scheduler keeps their order."""
+        deadline = time.monotonic() + wait_s
+        while self._last_job_id() <= seen and time.monotonic() < deadline:
+            time.sleep(0.002)

@@ -1,4 +1,5 @@
-"""The driver's 3-phase pipeline (§4.2, Fig. 8): stage → broadcast → reduce, one Spark job per cycle.
+"""The driver's 3-phase pipeline (§4.2, Fig. 8): stage → broadcast → reduce, one reduce job per cycle and,
+concurrent with it, a deliver job for the broadcast shard.
 
 Cycle ``c`` reduces the shard the algorithm's driver rule names (``c mod S``).
 With S ≥ 3 the shard reduced in cycle ``c - 1`` is *staged* (the driver rule's
@@ -65,8 +66,11 @@ class ExchangePipeline:
     ``algorithm`` says how it exchanges (``exchange``) and how often (``cycle_interval_s``); ``observe`` gathers
     the parameter service's reports (and its replacements' joins) for agent-initiated algorithms, ``silent`` the
     agents that have not called it for a given time;
-    ``split_tasks``: separate deliver and reduce tasks (reduce never waits for the broadcast's download) where
-    executors have two free task slots per agent, else one task per agent does both."""
+    ``split_tasks``: executors have two free task slots per agent.  A cycle that broadcasts runs a reduce job
+    and a deliver job (:meth:`~mpca.runtime.jobs.ExchangeJobs.run_parts`): the reduce tasks never wait for the
+    broadcast's download.  With one free slot per agent they take it first and the deliver tasks follow, so the
+    shards go up while the broadcast comes down; only where the rule's agents need the delivery before they can
+    yield (``deliver_before_yield``: rounds) does one task per agent do both, after the download."""
 
     def __init__(self, sc, run_id: str, secret: bytes, rule: DriverRule, algorithm: Algorithm, roster: AgentRoster,
                  codec: Codec, timeline: Optional[Timeline] = None, *, executors: int = 1,
@@ -212,7 +216,7 @@ class ExchangePipeline:
         params = self.rule.cycle_params(c)
         counted, pids, plan = self.roster.counted(), dict(self.roster.pids), self.jobs.plan
         numel = self.rule.shard_numel
-        if self.split_tasks:
+        if self.split_tasks or not self.rule.deliver_before_yield:  # a reduce job and a deliver job
             reduce = plan(f"c{c}/r", "reduce", cycle=c, reduce_shard=r, reduce_numel=numel(r), params=params,
                           counted=counted, pids=pids)
             deliver = plan(f"c{c}/b", "deliver", cycle=c, bcast_shard=staged.shard, params=params) if staged else None

@@ -60,15 +60,17 @@ class TaskEvents:
         raise AttributeError(name)
 
     # reading ----------------------------------------------------------------------------------------
-    def fetch_windows(self, rec, deliver_from: int) -> Dict[int, tuple]:
+    def fetch_windows(self, rec) -> Dict[int, tuple]:
         """Per agent handed cycle ``rec``'s broadcast: (fetch start, fetch end) in wall seconds — the start from
-        Spark's events (launch + deserialization of the first deliver task on the agent's executor; deliver
-        tasks are those of index ≥ ``deliver_from`` in the cycle's job), the end when that task's Python code
-        began (``t_start``: PySpark runs it only once the broadcast is there)."""
-        tasks = [t for t in self.for_job_prefix(f"{self.prefix} {rec.cycle}:") if t["index"] >= deliver_from]
+        Spark's events (launch + deserialization of the first deliver task on the agent's executor: a task of
+        the cycle's deliver job, or of its one job where one task per agent does both), the end when that
+        task's Python code began (``t_start``: PySpark runs it only once the broadcast is there)."""
+        tasks = self.for_job_prefix(f"{self.prefix} {rec.cycle}:")
+        deliver = [t for t in tasks if (t["description"] or "").endswith("(deliver)")]
         out = {}
         for agent, entry in rec.delivered.items():
-            mine = sorted((t for t in tasks if t["executor"] == str(entry.executor)), key=lambda t: t["launch"])
+            mine = sorted((t for t in deliver or tasks if t["executor"] == str(entry.executor)),
+                          key=lambda t: t["launch"])
             if mine and entry.t_start:
                 out[agent] = (mine[0]["launch"] + (mine[0]["deserialize_s"] or 0.0), entry.t_start)
         return out

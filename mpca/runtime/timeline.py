@@ -11,7 +11,9 @@ Phases of cycle ``c`` (one Spark job):
 
 Per agent, the deliver task's ``t_start`` is when its Python code began, i.e.
 when Spark had finished fetching the broadcast for it (``t_bc_loaded`` just
-after); the reduce task's ``t_start`` and ``t_yield`` need no broadcast.
+after); the reduce task's ``t_start`` and ``t_yield`` need no broadcast.  A cycle's row has the first yield
+(``reduce_start``), the last one (``yield_last``) and the last reduce task's start (``task_start_last``): how
+long its reduce tasks waited for a slot, a launch or a download.
 
 Overlap between phases is computed from these timestamps, not assumed.
 
@@ -114,13 +116,19 @@ def _overlap_flags(rec: CycleRecord) -> Tuple[bool, bool]:
     return exchanged, exchanged and rec.broadcast_overlaps_reduce()
 
 
+def _latest(times: Iterable[Optional[float]]) -> Optional[float]:
+    known = [t for t in times if t]
+    return max(known) if known else None
+
+
 def _row(c: CycleRecord) -> dict:
     """One cycle as a flat row (``timeline.csv``, :meth:`Timeline.to_pandas`)."""
     return {
         "cycle": c.cycle, "reduce_shard": c.reduce_shard, "bcast_shard": c.bcast_shard,
         "stage_shard": c.stage_shard, "t_submit": c.t_submit, "t_end": c.t_end,
         "stage_start": c.stage_start, "stage_end": c.stage_end, "bcast_end": c.bcast_end,
-        "reduce_start": c.reduce_start, "overlap": c.broadcast_overlaps_reduce(),
+        "reduce_start": c.reduce_start, "yield_last": _latest(e.t_yield for e in c.agents.values()),
+        "task_start_last": _latest(e.t_start for e in c.agents.values()), "overlap": c.broadcast_overlaps_reduce(),
         "rejected": c.rejected, "resets": sum(e.resets for e in c.agents.values()), "bytes_up": c.bytes_up,
         "bytes_down": c.bytes_down, "corrections": c.corrections, "misplaced": c.misplaced,
         "missing": list(c.missing), "joined": list(c.joined), "left": list(c.left),

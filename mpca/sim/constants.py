@@ -27,8 +27,10 @@ the driver's included, behind its own full-duplex ``tc tbf`` port):
   on this 2-core machine at K = 2 from ``bench compare``'s mpca cycles (0.67 s measured against 0.49 s
   modelled without CPU, 3.0 MB per agent: 0.06 s/MB, ``host_cores`` 2) and checked at K = 4 (README, "How far
   to trust it").  The parameter service's round trips are charged the same seconds per MB, on the caller.
-* ``split_tasks`` = True: reduce tasks yield without waiting for the broadcast's download (executors with two
-  free task slots per agent, the emulated cluster's ``--cores 3``); False: one task per agent yields after it.
+* ``split_tasks`` = True: executors with two free task slots per agent (the emulated cluster's ``--cores 3``):
+  reduce tasks yield without waiting for the broadcast's download.  False: one slot; MPCA's reduce task takes
+  it before the deliver task and still does not wait, but a rule whose agents need the delivery before they
+  yield (``deliver_before_yield``: rounds) runs one task per agent that yields after the download.
 * ``absent_claim_s`` = 0.5 s: the runtime's ``ABSENT_CLAIM_S`` (``mpca/runtime/exchange.py``; a unit test holds
   the two equal) — every job tries an absent agent's socket with this handshake wait, so while an agent is
   stopped (a hang: its socket still accepts) every cycle lasts at least this long after its tasks start; a

@@ -6,8 +6,11 @@ starts and broadcast by job c + 1; with S ≤ 2 it is staged when job c − 1 en
 
 A job's times come from the network model (:mod:`mpca.sim.network`): it starts ``job_overhead_s`` after its
 submission; the broadcast reaches every agent after :func:`~mpca.sim.network.broadcast_time`, where the
-simulator calls ``rule.receive``; each agent's yield request reaches it at once (``split_tasks``) or after the
-download, and its contribution (``rule.contribution``, encoded as the agent's runtime does) is taken then —
+simulator calls ``rule.receive``; each agent's yield request reaches it at once — the runtime's reduce job does
+not wait for the deliver job's download (with one task slot per agent its reduce task takes the slot first; the
+deliver task's wait for it, a fraction of a second, is not modelled) — or, for a rule that needs the delivery
+before its agents yield (``deliver_before_yield``) on one slot per agent (not ``split_tasks``), after the
+download, where one task per agent does both; its contribution (``rule.contribution``, encoded as the agent's runtime does) is taken then —
 or, for a rule whose ``yield_ready`` is not ready (a round not finished), as soon as it is.  The partials are
 combined along treeReduce's levels (``WeightedSum``; a lossy format: ``EncodedSum``, one rounding per level)
 and reach the driver at :func:`~mpca.sim.network.tree_reduce_arrival`; the job ends when both are done and the
@@ -152,7 +155,8 @@ class VirtualPipeline:
         run = t + self.net.job_overhead_s
         bcast_bytes = len(staged[1]) if staged else 0
         bcast_end = run + broadcast_time(self.K, bcast_bytes, self.net) if staged else run
-        yield_at = run if (self.net.split_tasks or not staged) else bcast_end
+        waits = staged and self.rule.deliver_before_yield and not self.net.split_tasks  # one task does both
+        yield_at = bcast_end if waits else run
         absent = set(self.presence.absent)
         stopped = any(self.presence.stopped(a, run) for a in absent)  # its socket accepts, then the claim times out
         job = Job(c, shard, params, t, yield_at, bcast_end, staged[0] if staged else None, bcast_bytes,

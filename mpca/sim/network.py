@@ -136,11 +136,14 @@ def exchange_cpu_time(agents: int, nbytes: float, net: NetworkConstants) -> floa
     return net.exchange_cpu_s_per_mb * nbytes / 1e6 * share
 
 
-def cycle_time(agents: int, reduce_bytes: float, broadcast_bytes: float, net: NetworkConstants) -> float:
-    """One exchange job with every agent ready at once: overhead + the reduce and the broadcast, overlapped
-    (``split_tasks``) or one after the other, then the exchange's CPU (:func:`exchange_cpu_time`)."""
+def cycle_time(agents: int, reduce_bytes: float, broadcast_bytes: float, net: NetworkConstants,
+               deliver_first: bool = False) -> float:
+    """One exchange cycle with every agent ready at once: overhead + the reduce and the broadcast, overlapped
+    (a reduce job and a deliver job; with one task slot per agent the reduce task takes it first), or one after
+    the other where one task per agent does both (``deliver_first``, a rule whose agents need the delivery
+    before they yield, without ``split_tasks``), then the exchange's CPU (:func:`exchange_cpu_time`)."""
     bc = broadcast_time(agents, broadcast_bytes, net)
-    reduce_start = net.job_overhead_s + (0.0 if net.split_tasks else bc)
+    reduce_start = net.job_overhead_s + (bc if deliver_first and not net.split_tasks else 0.0)
     up = tree_reduce_arrival([reduce_start] * agents, reduce_bytes, net)
     return max(net.job_overhead_s + bc, up) + exchange_cpu_time(agents, reduce_bytes + broadcast_bytes, net)
 

@@ -36,12 +36,13 @@ def test_digits_holdout_error_far_below_chance(digits_fit):
     assert len(errors) >= 3 and errors[-1] <= errors[0] + 0.02  # no drift away once learned
 
 
-def test_one_spark_job_per_cycle(digits_fit):
+def test_one_reduce_job_per_cycle_and_a_deliver_job_per_broadcast(digits_fit):
     spark, fit = digits_fit
     jobs = fit.counters.jobs
     assert jobs["cycle"] == fit.cycles
+    assert jobs["deliver"] == sum(c.bcast_shard is not None for c in fit.timeline.cycles) > 0
     group_jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(fit.counters.job_group)
-    assert len(group_jobs) == jobs["cycle"] + jobs["correction"] + jobs["control"]
+    assert len(group_jobs) == jobs["cycle"] + jobs["deliver"] + jobs["correction"] + jobs["control"]
 
 
 def _executor_leftovers(sc):

@@ -66,11 +66,12 @@ def test_wire_formats_change_bytes_as_the_codec_counts_them(fmt):
         payload_bytes(n, fmt)
 
 
-def test_cycle_time_overlaps_reduce_and_broadcast_when_tasks_are_split():
+def test_cycle_time_overlaps_reduce_and_broadcast_unless_one_task_per_agent_does_both():
     # K = 4, 10 MB both ways: overhead + max(broadcast 2.403, reduce 3.201)
     assert cycle_time(4, 10 * MB, 10 * MB, NET) == pytest.approx(0.25 + 3.2 + 0.001)
     one = NetworkConstants(**{**NET.to_dict(), "split_tasks": False})
-    assert cycle_time(4, 10 * MB, 10 * MB, one) == pytest.approx(0.25 + 2.403 + 3.201)
+    assert cycle_time(4, 10 * MB, 10 * MB, one, deliver_first=True) == pytest.approx(0.25 + 2.403 + 3.201)
+    assert cycle_time(4, 10 * MB, 10 * MB, one) == pytest.approx(0.25 + 3.2 + 0.001)  # reduce job, deliver job
 
 
 def test_the_exchange_cpu_is_seconds_per_mb_stretched_when_hosts_share_cores():
