@@ -226,6 +226,10 @@ class ClusterSection(_Strict):
     gpus: Any = Field("auto", description="GPUs per executor of a local-cluster master: auto (one when this host "
                       "has CUDA devices, the agents then train on them, sharing them when fewer than the executors), "
                       "none, or a number; another cluster's GPUs come from its own spark.executor.resource.gpu.*")
+    exchange_jobs: Literal["auto", "one", "two"] = Field(
+        "auto", description="with one exchange task slot per agent (executors of 2 cores), how a cycle that "
+        "broadcasts reaches the agents: one task per agent that yields after the broadcast's download, two jobs "
+        "(reduce, then deliver on the same slot), or auto: measured on the run's cycles, the faster kept")
     conf: Dict[str, str] = Field(default_factory=dict)
 
     @field_validator("gpus")

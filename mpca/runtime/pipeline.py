@@ -38,6 +38,7 @@ from mpca.errors import RunFailedError
 from mpca.runtime.broadcasts import Broadcasts
 from mpca.runtime.exchange import ExchangePlan
 from mpca.runtime.jobs import ExchangeJobs
+from mpca.runtime.layout import ExchangeLayout
 from mpca.runtime.record import ExchangeRecord, Partial, as_weighted_sum
 from mpca.runtime.reports import AgentReport
 from mpca.runtime.roster import AgentRoster
@@ -66,23 +67,25 @@ class ExchangePipeline:
     ``algorithm`` says how it exchanges (``exchange``) and how often (``cycle_interval_s``); ``observe`` gathers
     the parameter service's reports (and its replacements' joins) for agent-initiated algorithms, ``silent`` the
     agents that have not called it for a given time;
-    ``split_tasks``: executors have two free task slots per agent.  A cycle that broadcasts runs a reduce job
-    and a deliver job (:meth:`~mpca.runtime.jobs.ExchangeJobs.run_parts`): the reduce tasks never wait for the
-    broadcast's download.  With one free slot per agent they take it first and the deliver tasks follow, so the
-    shards go up while the broadcast comes down; only where the rule's agents need the delivery before they can
-    yield (``deliver_before_yield``: rounds) does one task per agent do both, after the download."""
+    ``split_tasks``: executors have two free task slots per agent; a cycle that broadcasts then runs a reduce
+    job and a deliver job (:meth:`~mpca.runtime.jobs.ExchangeJobs.run_parts`) and the reduce tasks never wait
+    for the broadcast's download.  With one free slot per agent either one task per agent does both, after the
+    download, or the two jobs share the slot, reduce first (``exchange_jobs``: ``one``, ``two`` or ``auto``,
+    :class:`~mpca.runtime.layout.ExchangeLayout`); where the rule's agents need the delivery before they can
+    yield (``deliver_before_yield``: rounds) one task does both."""
 
     def __init__(self, sc, run_id: str, secret: bytes, rule: DriverRule, algorithm: Algorithm, roster: AgentRoster,
                  codec: Codec, timeline: Optional[Timeline] = None, *, executors: int = 1,
                  observe: Optional[Callable[[float], Tuple[Dict[int, AgentReport], List[int]]]] = None,
                  silent: Optional[Callable[[float], List[int]]] = None,
-                 split_tasks: bool = False, task_timeout_s: float = 120.0):
+                 split_tasks: bool = False, task_timeout_s: float = 120.0, exchange_jobs: str = "auto"):
         self.rule = rule
         self.exchange = algorithm.exchange
         self.cycle_interval_s = algorithm.cycle_interval_s
         self.roster = roster
         self.observe = observe
         self.split_tasks = split_tasks
+        self.layout = ExchangeLayout(exchange_jobs)
         self.codec = codec
         self.jobs = ExchangeJobs(sc, run_id, secret, roster, codec, executors, task_timeout_s)
         self.broadcasts = Broadcasts(sc, codec)
@@ -216,7 +219,9 @@ class ExchangePipeline:
         params = self.rule.cycle_params(c)
         counted, pids, plan = self.roster.counted(), dict(self.roster.pids), self.jobs.plan
         numel = self.rule.shard_numel
-        if self.split_tasks or not self.rule.deliver_before_yield:  # a reduce job and a deliver job
+        two_jobs = bool(staged) and (self.split_tasks or (not self.rule.deliver_before_yield
+                                                          and self.layout.two_jobs()))
+        if two_jobs or not staged:
             reduce = plan(f"c{c}/r", "reduce", cycle=c, reduce_shard=r, reduce_numel=numel(r), params=params,
                           counted=counted, pids=pids)
             deliver = plan(f"c{c}/b", "deliver", cycle=c, bcast_shard=staged.shard, params=params) if staged else None
@@ -225,7 +230,7 @@ class ExchangePipeline:
                           reduce_numel=numel(r), params=params, counted=counted, pids=pids)
             deliver = None
         desc = f"mpca cycle {c}: reduce shard {r}" + (f", broadcast shard {staged.shard}" if staged else "")
-        rec = CycleRecord(c, r, staged.shard if staged else None, t_submit=time.time())
+        rec = CycleRecord(c, r, staged.shard if staged else None, t_submit=time.time(), jobs=2 if two_jobs else 1)
         fut = self._pool.submit(self.job_with_corrections, reduce, deliver, staged.bc if staged else None, desc, rec)
         if self.lag == 2 and self._pending is not None:
             self._stage(*self._pending, rec)  # concurrent with job c
@@ -233,6 +238,8 @@ class ExchangePipeline:
         result = fut.result()
         rec.t_end = time.time()
         self.roster.cycle_took(rec.t_end - rec.t_submit)
+        if not self.split_tasks and not self.rule.deliver_before_yield:  # corrections included: a layout's cost
+            self.layout.observe(two_jobs if staged is not None else None, rec.t_end - rec.t_submit)
         if staged is not None:
             self.broadcasts.destroy(staged.bc)
         rec.agents = dict(result.agents)

@@ -45,6 +45,7 @@ class CycleRecord:
     bcast_shard: Optional[int]
     t_submit: float
     t_end: float = 0.0
+    jobs: int = 1  # Spark jobs of the cycle besides corrections: 2 where a reduce job and a deliver job ran
     stage_shard: Optional[int] = None
     stage_start: Optional[float] = None
     stage_end: Optional[float] = None
@@ -125,7 +126,7 @@ def _row(c: CycleRecord) -> dict:
     """One cycle as a flat row (``timeline.csv``, :meth:`Timeline.to_pandas`)."""
     return {
         "cycle": c.cycle, "reduce_shard": c.reduce_shard, "bcast_shard": c.bcast_shard,
-        "stage_shard": c.stage_shard, "t_submit": c.t_submit, "t_end": c.t_end,
+        "stage_shard": c.stage_shard, "jobs": c.jobs, "t_submit": c.t_submit, "t_end": c.t_end,
         "stage_start": c.stage_start, "stage_end": c.stage_end, "bcast_end": c.bcast_end,
         "reduce_start": c.reduce_start, "yield_last": _latest(e.t_yield for e in c.agents.values()),
         "task_start_last": _latest(e.t_start for e in c.agents.values()), "overlap": c.broadcast_overlaps_reduce(),

@@ -11,12 +11,13 @@ from mpca.trainer import Trainer
 from tests import helpers
 
 
-def _big_model_fit(spark, cycles):
+def _big_model_fit(spark, cycles, exchange_jobs="auto"):
     rng = np.random.default_rng(0)
     df = to_dataframe(spark, rng.random((128, 10), dtype=np.float32), rng.integers(0, 10, 128), 2)
     fn = flat_model_fn(6_000_000)  # 24 MB: 8 MB shards, a broadcast that takes a while to fetch
     return Trainer(fn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(10,), batch_size=16, holdout=0.0,
-                   max_cycles=cycles, eval_every_cycles=1000, spark=spark, algorithm=MPCA(shards=3)).fit(df)
+                   max_cycles=cycles, eval_every_cycles=1000, spark=spark, algorithm=MPCA(shards=3),
+                   cluster={"exchange_jobs": exchange_jobs}).fit(df)
 
 
 @pytest.mark.cluster(executors=2, cores=3)
@@ -41,13 +42,24 @@ def test_with_one_exchange_slot_the_reduce_job_takes_it_before_the_deliver_job(s
     """The default 2-core executors: a cycle's reduce job is submitted before its deliver job, so Spark's FIFO
     scheduler gives each executor's one free slot to the reduce task first — it yields without waiting for the
     broadcast's download — and the deliver task follows on that slot, its download while the shards go up."""
-    fit = _big_model_fit(spark, 6)
+    fit = _big_model_fit(spark, 6, exchange_jobs="two")
     steady = [c for c in fit.timeline.cycles if c.bcast_shard is not None]
     assert steady and all(sorted(c.delivered) == [0, 1] and sorted(c.agents) == [0, 1] for c in steady)
+    assert all(c.jobs == 2 for c in steady)
     order = [(c.cycle, a, round(c.agents[a].t_end - c.delivered[a].t_start, 3)) for c in steady for a in c.agents]
     assert all(c.agents[a].t_end <= c.delivered[a].t_start for c in steady for a in c.agents), order
     assert all(c.reduce_started_before_broadcast() for c in steady), order
     assert fit.counters.jobs["deliver"] == len(steady)
+
+
+def test_with_one_exchange_slot_one_task_per_agent_can_do_both(spark):
+    """The other layout of 2-core executors (``cluster.exchange_jobs: one``): one task per agent delivers and
+    yields; Spark starts it only after the broadcast arrived, so its reduce never precedes the broadcast."""
+    fit = _big_model_fit(spark, 5, exchange_jobs="one")
+    steady = [c for c in fit.timeline.cycles if c.bcast_shard is not None]
+    assert steady and not any(c.reduce_before_broadcast() or c.reduce_started_before_broadcast() for c in steady)
+    assert all(c.delivered[a].t_start == c.agents[a].t_start for c in steady for a in c.agents)
+    assert all(c.jobs == 1 for c in steady) and fit.counters.jobs["deliver"] == 0
 
 
 @pytest.mark.cluster(executors=2, cores=3)

@@ -84,7 +84,7 @@ def test_csv_holds_every_cycle_written_in_chunks(tmp_path):
     assert text == (tmp_path / "unbounded.csv").read_text()
     csv = pd.read_csv(tmp_path / "bounded.csv")
     assert list(csv["cycle"]) == list(range(25)) and csv["bytes_up"].sum() == 25 * 100 + 300
-    assert text.splitlines()[1].startswith("0,0,,,0.0,2.0,")  # shards as integers, empty where none
+    assert text.splitlines()[1].startswith("0,0,,,1,0.0,2.0,")  # shards as integers, empty where none
     Timeline().write_csv(str(tmp_path / "empty.csv"))
     assert (tmp_path / "empty.csv").read_text().startswith("cycle,reduce_shard,bcast_shard,")
 
