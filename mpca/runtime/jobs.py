@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Dict, Sequence
 
 from mpca.algorithm.wire import Codec
@@ -27,6 +27,9 @@ class ExchangeJobs:
         self.task_timeout_s = task_timeout_s
         self.counts: Dict[str, int] = {"cycle": 0, "deliver": 0, "correction": 0, "control": 0}  # jobs, by purpose
         self.job_group = f"mpca-{run_id}-exchange"
+        # long-lived threads: PySpark's pinned thread mode gives each Python thread its own JVM thread and does not
+        # end it when the Python thread ends, so a thread per job would leave one behind per cycle
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mpca-job")
 
     def spread(self, agents: int, attempt: int = 1) -> int:
         """Tasks for a job that must reach ``agents`` agents: exactly ``agents`` on a first attempt, otherwise
@@ -55,15 +58,14 @@ class ExchangeJobs:
         cycle."""
         if len(parts) == 1:
             return self._job(*parts[0], description, purpose)
-        with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="mpca-job") as pool:
-            futures = []
-            for i, (plan, tasks, bc) in enumerate(parts):
-                seen = self._last_job_id()
-                futures.append(pool.submit(self._job, plan, tasks, bc, description, purpose))
-                if i + 1 < len(parts):
-                    self._until_submitted(seen)
-            records = [f.result() for f in futures]  # every job has ended (the pool's exit waits) before a raise
-        return functools.reduce(merge_records, records)
+        futures = []
+        for i, (plan, tasks, bc) in enumerate(parts):
+            seen = self._last_job_id()
+            futures.append(self._pool.submit(self._job, plan, tasks, bc, description, purpose))
+            if i + 1 < len(parts):
+                self._until_submitted(seen)
+        wait(futures)  # every job has ended before one's error is raised
+        return functools.reduce(merge_records, [f.result() for f in futures])
 
     def _job(self, plan: ExchangePlan, tasks: int, bc, description: str, purpose: str) -> ExchangeRecord:
         self.counts["deliver" if purpose == "cycle" and plan.op == "deliver" else purpose] += 1
@@ -82,3 +84,6 @@ class ExchangeJobs:
         deadline = time.monotonic() + wait_s
         while self._last_job_id() <= seen and time.monotonic() < deadline:
             time.sleep(0.002)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)

@@ -288,3 +288,4 @@ class ExchangePipeline:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+        self.jobs.close()
