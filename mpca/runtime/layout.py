@@ -48,9 +48,10 @@ class ExchangeLayout:
         return not self.reduce_only or statistics.median(self.reduce_only) >= self.guess_s
 
     def best(self) -> bool:
-        """The layout of lower median cycle time, the guess while one of them has not been measured."""
-        if not self.times[True] or not self.times[False]:
-            return self.guess() if not (self.times[True] or self.times[False]) else bool(self.times[True])
+        """The layout of lower median cycle time, the guess while one of them has not been measured (until the
+        first recheck only the guessed one has)."""
+        if not (self.times[True] and self.times[False]):
+            return self.guess()
         return statistics.median(self.times[True]) <= statistics.median(self.times[False])
 
     def two_jobs(self) -> bool:

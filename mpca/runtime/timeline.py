@@ -1,6 +1,6 @@
 """The driver's per-cycle record: when each phase of each shard started and ended, and what agents did.
 
-Phases of cycle ``c`` (one Spark job):
+Phases of cycle ``c`` (its Spark jobs: one, or a reduce job and a deliver job — the row's ``jobs``):
 
 * ``stage``  — driver: Eqs. 9 → 8 → 4 → 5 for the shard reduced in the previous
   cycle and creation of its broadcast variable (runs while job ``c`` runs);
