@@ -35,7 +35,7 @@ test: $(VENV)/.installed
 # predict_batch_udf), the Java rule for 3.5, that pip kept the environment's pyspark — and one job end to end
 SPARK35_TESTS = tests/spark35 tests/integration/test_data_sources.py tests/integration/test_ml.py \
 	tests/e2e/test_java.py "tests/e2e/test_cli.py::test_cli_trains_digits_below_5_percent" \
-	"tests/integration/test_runtime.py::test_one_spark_job_per_cycle"
+	"tests/integration/test_runtime.py::test_one_reduce_job_per_cycle_and_a_deliver_job_per_broadcast"
 # Agents on this host's CUDA devices (tests/gpu; not in `make test`, which CI runs without a GPU): fails in
 # one line on a host without one.
 test-gpu: $(VENV)/.installed
