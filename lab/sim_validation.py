@@ -15,9 +15,18 @@ per agent). The run's seed is the benchmark's, 0 (``--seeds 1``): its repeats sh
 order and differ in timing alone, which the simulator's fixed step time does not; ``--seeds 3`` adds seeds 1 and 2
 (another initial model and batch order: how far those move a time). Until 2026-11-26 the README's table took the
 median of seeds 0–2, and before that a new teacher per seed, which mixed the task's difficulty into the spread.
-Prints medians and per-seed times to each target and the mean cycle, and writes JSON:
+The agents' starts (``--measured``): the runtime's agents each step from the moment each is built, a few hundredths
+of a second apart, and which one starts first decides the order of their exchanges for the run — for EASGD at
+K = 2, 20 / 41 / 61 s to 30 / 26 / 24% with agent 1 first against 30 / 30 / 61 s with agent 0 first (this
+row was 30% off until 2026-11-26, simulated with both agents starting at one instant, which orders them as agent
+0 first, against runs where agent 1 had mostly started first).  Given the ``compare.json`` of the measured runs,
+a row that ``bench compare`` measured is simulated once per measured repeat with that repeat's agents' starts
+(``agent_starts_s``, kept since 2026-11-26), its times counted from the last agent's start, and printed beside the
+measured median after start-up.  Prints medians and per-run times to each target and the mean cycle, and writes
+JSON:
 
     python -m lab.sim_validation --json /tmp/sim-validation.json
+    python -m lab.sim_validation --measured runs/k2/compare.json --only "easgd t30@2"
 """
 from __future__ import annotations
 
@@ -26,11 +35,12 @@ import json
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from lab.regimes_sim import TARGETS
+from mpca.algorithm.registry import build as build_algorithm
 from mpca.bench.regimes import regime
 from mpca.sim.command import parse_rate
 from mpca.sim.compute import ComputeModel
@@ -77,7 +87,44 @@ def rows_per_agent(args, agents: int) -> int:
     return args.split_rows // agents
 
 
-def config(algorithm: dict, agents: int, wire: str, seed: int, args) -> SimConfig:
+def measured_runs(paths: List[str]) -> List[dict]:
+    """Every algorithm of the given ``compare.json`` files: its algorithm settings, K, wire format, and per
+    repeat its agents' starts and its times after start-up (to each target less the run's agents-up time)."""
+    out = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            summary = json.load(f)
+        for label, entry in summary["algorithms"].items():
+            wire = label.partition("@")[2] or "fp32"
+            runs = [{"agent_starts_s": r.get("agent_starts_s") or [],
+                     "after_start_up": {t: (None if v is None or r.get("agents_up_s") is None
+                                            else v - r["agents_up_s"]) for t, v in r["time_to"].items()}}
+                    for r in entry["runs"]]
+            out.append({"label": label, "algorithm": entry["algorithm"], "agents": entry["agents"], "wire": wire,
+                        "runs": runs, "source": path})
+    return out
+
+
+def measured_for(measured: List[dict], algorithm: dict, agents: int, wire: str) -> Optional[dict]:
+    """The measured algorithm of the row (same settings, K and wire), the last one given; None if none."""
+    settings = build_algorithm(algorithm).model_dump()  # defaults filled in: {"name": "diloco"} is H = 50
+    found = [m for m in measured if m["agents"] == agents and m["wire"] == wire
+             and build_algorithm(m["algorithm"]).model_dump() == settings]
+    return found[-1] if found else None
+
+
+def relative_starts(starts: List[float]) -> Tuple[float, Tuple[float, ...]]:
+    """(start-up, starts) for the simulator from a run's measured starts: the first agent at 0, the start-up
+    at the last one's start; (0, ()) without starts."""
+    if len(starts) < 2:
+        return 0.0, ()
+    first = min(starts)
+    rel = tuple(round(s - first, 6) for s in starts)
+    return max(rel), rel
+
+
+def config(algorithm: dict, agents: int, wire: str, seed: int, args,
+           starts: Tuple[float, Tuple[float, ...]] = (0.0, ())) -> SimConfig:
     measured_in = regime(getattr(args, "regime", DEFAULT_REGIME))
     net = NetworkConstants(link_bps=parse_rate(measured_in.link), exchange_cpu_s_per_mb=args.exchange_cpu,
                            host_cores=args.host_cores)
@@ -86,7 +133,8 @@ def config(algorithm: dict, agents: int, wire: str, seed: int, args) -> SimConfi
                      workload=TeacherWorkload(rows_per_agent=rows_per_agent(args, agents), holdout=args.holdout,
                                               seed=args.task_seed,
                                               holdout_at=args.holdout_at, split_rows=args.split_rows or None),
-                     max_virtual_s=args.max_seconds, eval_every_s=1.0, targets=TARGETS, seed=seed)
+                     max_virtual_s=args.max_seconds + starts[0], eval_every_s=1.0, targets=TARGETS, seed=seed,
+                     startup_s=starts[0], agent_starts_s=starts[1])
 
 
 def median_time(times: List[Optional[float]]) -> Optional[float]:
@@ -95,24 +143,42 @@ def median_time(times: List[Optional[float]]) -> Optional[float]:
     return ordered[len(ordered) // 2]
 
 
-def run_row(label: str, algorithm: dict, agents: int, wire: str, args) -> Dict[str, object]:
+def run_row(label: str, algorithm: dict, agents: int, wire: str, args, measured: Optional[dict] = None
+            ) -> Dict[str, object]:
+    """The row simulated per seed, and with ``measured`` once per measured repeat (its agents' starts) and seed;
+    times after the last agent's start."""
+    starts = [relative_starts(r["agent_starts_s"]) for r in measured["runs"]] if measured else [(0.0, ())]
     per_seed = []
     for seed in range(args.seeds):
-        res = Simulator(config(algorithm, agents, wire, seed, args)).run()
-        done = [c for c in res.cycles if c.end > c.start]
-        per_seed.append({"seed": seed, "times": dict(res.time_to_target), "wall_s": res.wall_s,
-                         "mean_cycle_s": statistics.mean(c.end - c.start for c in done) if done else None,
-                         "steps_per_agent_at_tightest": next(
-                             (r.steps / agents for r in res.history if r.holdout_error <= min(TARGETS)), None)})
+        for start in starts:
+            cfg = config(algorithm, agents, wire, seed, args, start)
+            res = Simulator(cfg).run()
+            done = [c for c in res.cycles if c.end > c.start]
+            per_seed.append({"seed": seed, "agent_starts_s": list(cfg.agent_starts_s),
+                             "times": {k: (None if t is None else t - cfg.startup_s)
+                                       for k, t in res.time_to_target.items()}, "wall_s": res.wall_s,
+                             "mean_cycle_s": statistics.mean(c.end - c.start for c in done) if done else None,
+                             "steps_per_agent_at_tightest": next(
+                                 (r.steps / agents for r in res.history if r.holdout_error <= min(TARGETS)), None)})
     times = {f"{t:g}": [s["times"][f"{t:g}"] for s in per_seed] for t in TARGETS}
     cycles = [s["mean_cycle_s"] for s in per_seed if s["mean_cycle_s"] is not None]
-    return {"label": label, "algorithm": algorithm, "agents": agents, "wire": wire, "per_seed": per_seed,
-            "median": {t: median_time(v) for t, v in times.items()},
-            "mean_cycle_s": statistics.median(cycles) if cycles else None}
+    row = {"label": label, "algorithm": algorithm, "agents": agents, "wire": wire, "per_seed": per_seed,
+           "median": {t: median_time(v) for t, v in times.items()},
+           "mean_cycle_s": statistics.median(cycles) if cycles else None}
+    if measured:
+        row["measured"] = {"source": measured["source"], "label": measured["label"],
+                           "median_after_start_up": {f"{t:g}": median_time([r["after_start_up"].get(f"{t:g}")
+                                                                            for r in measured["runs"]])
+                                                     for t in TARGETS}}
+    return row
 
 
 def fmt(v: Optional[float]) -> str:
     return "—" if v is None else f"{v:.1f}"
+
+
+def fmt_ratio(measured: Optional[float], simulated: Optional[float]) -> str:
+    return "—" if not measured or simulated is None else f"{simulated / measured:.2f}"
 
 
 def main(argv=None) -> int:
@@ -133,7 +199,10 @@ def main(argv=None) -> int:
                          "moves with K; 200000 gives every row of the table the holdout of K = 4)")
     ap.add_argument("--regime", choices=sorted(ROWS_BY_REGIME), default=DEFAULT_REGIME,
                     help="the measured rows of this regime (vgga-gbe: measured on a 16-core host)")
-    ap.add_argument("--max-seconds", type=float, default=90.0)
+    ap.add_argument("--max-seconds", type=float, default=90.0, help="virtual seconds after the start-up")
+    ap.add_argument("--measured", action="append", default=[], metavar="COMPARE_JSON",
+                    help="bench compare's compare.json (repeatable): a row it measured is simulated once per measured "
+                         "repeat with that repeat's agents' starts, and printed beside the measured median")
     ap.add_argument("--exchange-cpu", type=float, default=0.06)
     ap.add_argument("--host-cores", type=int, default=2)
     ap.add_argument("--only", default="", help="comma-separated labels@K to run (e.g. 'sync H15@2'), default all")
@@ -150,17 +219,24 @@ def main(argv=None) -> int:
 
 def _run(args) -> int:
     wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+    measured = measured_runs(args.measured)
     out = []
-    print("| run | K | mean cycle s | " + " | ".join(f"t({t:g}) s median (seeds)" for t in TARGETS) + " | wall s |")
+    if measured:
+        print("A row bench compare measured: measured median after start-up / simulated median (runs) "
+              "(simulated ÷ measured)")
+    print("| run | K | mean cycle s | " + " | ".join(f"t({t:g}) s median (runs)" for t in TARGETS) + " | wall s |")
     print("|---|---|---|" + "---|" * len(TARGETS) + "---|")
     for label, algorithm, agents, wire in ROWS_BY_REGIME[args.regime]:
         if wanted and f"{label}@{agents}" not in wanted:
             continue
         t0 = time.time()
-        row = run_row(label, algorithm, agents, wire, args)
+        row = run_row(label, algorithm, agents, wire, args, measured_for(measured, algorithm, agents, wire))
         out.append(row)
         cells = [f"{fmt(row['median'][f'{t:g}'])} ({', '.join(fmt(s['times'][f'{t:g}']) for s in row['per_seed'])})"
                  for t in TARGETS]
+        if "measured" in row:  # measured / simulated (simulated ÷ measured)
+            cells = [f"{fmt(m)} / {c} ({fmt_ratio(m, row['median'][f'{t:g}'])})"
+                     for t, c, m in zip(TARGETS, cells, row["measured"]["median_after_start_up"].values())]
         cyc = row["mean_cycle_s"]
         print(f"| {label} | {agents} | {'—' if cyc is None else f'{cyc:.2f}'} | " + " | ".join(cells) +
               f" | {time.time() - t0:.0f} |", flush=True)

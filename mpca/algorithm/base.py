@@ -195,6 +195,15 @@ class DriverRule:
     def shard_numel(self, shard: int) -> int:
         return self.joint[shard].numel()
 
+    def stage_lag(self, first: bool = False) -> int:
+        """Cycles from a shard's reduction to the job that broadcasts it (§4.2): with S ≥ 3 shards the reduction
+        of cycle c is staged while job c + 1 runs and broadcast by job c + 2 (lag 2, Fig. 8); with S ≤ 2 it is
+        staged when job c ends and broadcast by job c + 1 (lag 1, Figs. 6–7).  The pipeline's ``first``
+        reduction is staged at once (lag 1) whatever S: no job is in flight to overlap its staging with, so
+        its projection reaches the agents a cycle sooner, and the cycle after it broadcasts nothing (a
+        deviation from Fig. 8, at the pipeline's fill only)."""
+        return 2 if self.num_shards >= 3 and not first else 1
+
     def reduce_shard(self, cycle: int) -> int:
         """The shard every agent yields in ``cycle`` (driver-initiated algorithms: ``exchange = "cycle"``)."""
         return cycle % self.num_shards

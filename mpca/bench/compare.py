@@ -152,6 +152,16 @@ def startup_medians(fit) -> Dict[str, float]:
             for k in STARTUP_PHASES}
 
 
+def agent_starts(fit) -> List[float]:
+    """Each agent's start on the run's clock, in agent order: when its Spark task started plus its data read and
+    build — the moment it began to step (an agent trains from then on, before the others are up); [] where the
+    agents did not report their start-up.  Their spread is what puts the agents' steps out of phase, which
+    ``mpca simulate --agent-starts`` models."""
+    phases = [fit.startup[a] for a in sorted(fit.startup)] if fit.startup else []
+    starts = [_nan(p.get("task_started_s")) + _nan(p.get("data_s")) + _nan(p.get("build_s")) for p in phases]
+    return [] if any(math.isnan(s) for s in starts) else [round(s, 3) for s in starts]
+
+
 def after_start_up(runs: List[dict], target: float) -> float:
     """The median over ``runs`` of the time to ``target`` counted from the moment every agent was up
     (``time_to[target] − agents_up_s`` per run; NaN unless every run reached it).  Start-up (agents' processes
@@ -243,6 +253,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
            "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None,
            "samples_per_s": _samples_per_s(fit), "cpu": cpu, "agents_up_s": fit.agents_up_s,
            "first_exchange_s": fit.first_exchange_s, "prepare_s": fit.prepare_s, "startup": startup_medians(fit),
+           "agent_starts_s": agent_starts(fit),
            "emulation": device_check(fit.agents, cpu, settings.training.device_step_s)}
     write_run_record(run, os.path.join(out, _dirname(label), "run.json"))
     return run
@@ -420,7 +431,8 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                           "prepare_s": _median([_nan(r.get("prepare_s")) for r in runs]),
                           "startup": {k: _median([_nan(r["startup"].get(k)) for r in runs]) for k in STARTUP_PHASES},
                           "runs": [{"sequence": r["sequence"], "prepare_s": r.get("prepare_s"), "startup": r["startup"],
-                                    "agents_up_s": r["agents_up_s"], "first_exchange_s": r["first_exchange_s"],
+                                    "agent_starts_s": r.get("agent_starts_s", []), "agents_up_s": r["agents_up_s"],
+                                    "first_exchange_s": r["first_exchange_s"],
                                     "wall_s": r["wall_s"],
                                     "time_to": {str(t): r["time_to"][t] for t in targets}} for r in runs]}
     tab = table(results, targets)

@@ -10,8 +10,9 @@ launch on the freed slot costs about half a second, the download it hides grows 
 the link's rate; and where deliver tasks end sooner than other executors' reduce tasks, an executor can get a
 second one, which finds no agent left to serve there and costs a corrective job.
 
-``auto`` starts from a guess and then measures.  The guess: two jobs when the run's first cycles, which reduce
-and broadcast nothing yet, took :data:`GUESS_S` or more (the reduce alone: K shards into the driver's port; the
+``auto`` starts from a guess and then measures.  The guess: two jobs when the pipeline's fill cycles, which
+reduce and broadcast nothing (cycle 0, and cycle 2 with S ≥ 3: ``DriverRule.stage_lag``), took :data:`GUESS_S` or
+more (the reduce alone: K shards into the driver's port; the
 download two jobs hide is about (copies / K) of it, and pays for the deliver task's launch, ~0.5 s, from about
 1 s on).  Then every :data:`RECHECK` broadcasting cycles the other layout runs :data:`PROBE` cycles, and the
 one of lower median cycle time is kept (the load, the agents and the link change during a run).
@@ -66,7 +67,7 @@ class ExchangeLayout:
         """A cycle took ``seconds`` from submission to its end: a broadcasting one with ``two_jobs`` or not, or
         (``None``) one of the first, which only reduce (the guess's evidence)."""
         if two_jobs is None:
-            if self.seen == 0:
+            if self.seen <= 1:  # the fill's: before the first broadcasting cycle and right after it
                 self.reduce_only.append(float(seconds))
             return
         self.times[bool(two_jobs)].append(float(seconds))

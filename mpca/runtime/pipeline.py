@@ -8,7 +8,9 @@ and a new broadcast variable) on the driver while job ``c`` runs, and
 broadcast by job ``c + 1``: after warm-up one shard is being reduced, one
 broadcast and one staged at every moment.  With S = 2 (Fig. 7) and S = 1
 (Fig. 6) staging happens between jobs and the shard reduced in ``c - 1`` is
-broadcast by job ``c``.
+broadcast by job ``c``.  The first reduction of a pipeline is staged between
+jobs whatever S (:meth:`~mpca.algorithm.DriverRule.stage_lag`): nothing runs
+to overlap it with, and the fill takes a cycle less.
 
 Agent-initiated algorithms (``exchange = "service"``) exchange through the
 parameter service instead; their cycles run no Spark job and only observe.
@@ -91,8 +93,9 @@ class ExchangePipeline:
         self.broadcasts = Broadcasts(sc, codec)
         self.timeline = timeline or Timeline()
         self.S = rule.num_shards
-        self.lag = 2 if self.S >= 3 else 1
+        self.lag = rule.stage_lag()
         self._pending = None  # (cycle, shard, record) reduced but not yet staged
+        self._filling = True  # no reduction yet: the first is staged at once (DriverRule.stage_lag)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpca-exchange")
         self.last_agent_reports: Dict[int, AgentReport] = {}
         self.silent = silent
@@ -176,7 +179,8 @@ class ExchangePipeline:
         return partial
 
     # ------------------------------------------------------------------ phases
-    def _stage(self, cycle: int, shard: int, result: ExchangeRecord, rec: CycleRecord) -> None:
+    def _stage(self, cycle: int, shard: int, result: ExchangeRecord, rec: CycleRecord, lag: Optional[int] = None
+               ) -> None:
         """Stage phase: the driver rule's update of the reduced shard (with what leaving agents handed in), then
         a new broadcast variable."""
         rec.stage_shard, rec.stage_start = shard, time.time()
@@ -188,7 +192,7 @@ class ExchangePipeline:
         partial = self._with_handed_in(shard, partial, rec)
         out = self.rule.on_reduced(cycle, shard, partial)
         if out is not None:
-            self.broadcasts.stage(cycle + self.lag, shard, out)
+            self.broadcasts.stage(cycle + (lag or self.lag), shard, out)
         rec.stage_end = time.time()
 
     def _observe(self, c: int) -> CycleRecord:
@@ -215,6 +219,7 @@ class ExchangePipeline:
         if self.exchange == "service":
             return self._observe(c)
         r = self.rule.reduce_shard(c)
+        first, self._filling = self._filling and self._pending is None, False  # a resumed run's pending: not first
         staged = self.broadcasts.take(c)
         params = self.rule.cycle_params(c)
         counted, pids, plan = self.roster.counted(), dict(self.roster.pids), self.jobs.plan
@@ -251,8 +256,9 @@ class ExchangePipeline:
         bcs = [e.t_bc for e in rec.delivered.values() if e.t_bc]
         rec.reduce_start = min(yields) if yields else None
         rec.bcast_end = max(bcs) if bcs else None
-        if self.lag == 1:
-            self._stage(c, r, result, rec)
+        lag = self.rule.stage_lag(first=first)
+        if lag == 1:
+            self._stage(c, r, result, rec, lag)
         else:
             self._pending = (c, r, result)
         self.join(rec)

@@ -106,6 +106,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--startup", type=float, default=0.0, metavar="SECONDS",
                    help="the runtime's start-up: nothing steps or exchanges before SECONDS, and times count from "
                         "fit's start (bench compare prints the measured start-up; default 0)")
+    p.add_argument("--agent-starts", default="", metavar="S0,S1,...",
+                   help="each agent's own start, seconds on fit's clock, each at most --startup (bench compare "
+                        "keeps every run's as agent_starts_s in run.json): the runtime's agents step from the "
+                        "moment each is built, out of phase by their spread; default: all at --startup")
     p.add_argument("--task-seed", type=int, default=None,
                    help="the teacher task's seed (default: --seed; 0 is the benchmark's task, conf/teacher_mlp.yaml): "
                         "keep it fixed and vary --seed to see one task's run-to-run spread")
@@ -132,7 +136,8 @@ def config_from(args) -> SimConfig:
                          targets=tuple(parse_floats(args.targets)), seed=args.seed,
                          absences=tuple([Absence.parse(h, "hang") for h in args.hang] +
                                         [Absence.parse(x, "lost") for x in args.lose]),
-                         agent_wait_s=args.agent_wait, startup_s=args.startup)
+                         agent_wait_s=args.agent_wait, startup_s=args.startup,
+                         agent_starts_s=tuple(parse_floats(args.agent_starts)))
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "settings"

@@ -2,7 +2,8 @@
 
 Cycle c reduces shard ``rule.reduce_shard(c)`` with ``rule.cycle_params(c)``.  With S ≥ 3 the shard reduced in
 cycle c − 1 is staged (``rule.on_reduced``, then encoded with the driver's error feedback per shard) when job c
-starts and broadcast by job c + 1; with S ≤ 2 it is staged when job c − 1 ends and broadcast by job c.
+starts and broadcast by job c + 1; with S ≤ 2 it is staged when job c − 1 ends and broadcast by job c; the first
+reduction is staged when its job ends whatever S (``DriverRule.stage_lag``, as the runtime's pipeline).
 
 A job's times come from the network model (:mod:`mpca.sim.network`): it starts ``job_overhead_s`` after its
 submission; the broadcast reaches every agent after :func:`~mpca.sim.network.broadcast_time`, where the
@@ -122,7 +123,7 @@ class VirtualPipeline:
         self.join, self.join_bytes, self.agent_wait_s = join, join_bytes, agent_wait_s
         self.durations: collections.deque = collections.deque(maxlen=20)  # recent cycles: the bounded wait
         self.present = agents  # as the driver rule last heard it (on_membership)
-        self.lag = 2 if rule.num_shards >= 3 else 1
+        self.lag = rule.stage_lag()
         self.feedback = ErrorFeedback(codec)  # the driver's broadcasts, one residual per shard
         self.staged: Dict[int, Tuple[int, bytes]] = {}  # cycle whose job carries it → (shard, encoded)
         self.pending: Optional[Tuple[int, int, Partial]] = None  # reduced, not yet staged (lag 2)
@@ -135,14 +136,14 @@ class VirtualPipeline:
         self.clock.schedule(t, self._cycle)
 
     # ------------------------------------------------------------------ phases
-    def _stage(self, cycle: int, shard: int, partial: Partial) -> None:
+    def _stage(self, cycle: int, shard: int, partial: Partial, lag: Optional[int] = None) -> None:
         ws = as_driver_sum(partial)
         if ws is None:
             self.rejected += 1
             return
         out = self.rule.on_reduced(cycle, shard, ws)
         if out is not None:
-            self.staged[cycle + self.lag] = (shard, self.feedback.encode(shard, out.numpy()))
+            self.staged[cycle + (lag or self.lag)] = (shard, self.feedback.encode(shard, out.numpy()))
 
     def _cycle(self, t: float) -> None:
         c = self.cycle_no
@@ -252,8 +253,9 @@ class VirtualPipeline:
         self.stats.append(stat)
         self.job = None
         self.durations.append(t - job.submitted)
-        if partial is not None and self.lag == 1:  # None: nobody answered, nothing to stage
-            self._stage(job.cycle, job.shard, partial)
+        lag = self.rule.stage_lag(first=self.cycle_no == 0)
+        if partial is not None and lag == 1:  # None: nobody answered, nothing to stage
+            self._stage(job.cycle, job.shard, partial, lag)
         elif partial is not None:
             self.pending = (job.cycle, job.shard, partial)
         self.cycle_no += 1

@@ -40,7 +40,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mpca.algorithm.base import Algorithm, AgentRule
 from mpca.algorithm.registry import build as build_algorithm
@@ -91,6 +91,11 @@ class SimConfig(BaseModel):
     # compare prints it); nothing steps or exchanges before, and every time (targets, absences) counts from fit's
     # start, as the benchmark's do.  0: the agents step at once.
     startup_s: float = Field(0.0, ge=0)
+    # each agent's own start on that clock (its Spark task, data read and build, as the runtime reports them per
+    # agent): the runtime's agents train from the moment each is built, not when the last one is up, so their
+    # steps are out of phase by the spread of their start-ups.  Empty: every agent starts at startup_s.  ddp's
+    # ranks step together from startup_s whatever is given (its process group forms when all are up).
+    agent_starts_s: Tuple[float, ...] = ()
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -103,6 +108,15 @@ class SimConfig(BaseModel):
         if any(not 0 <= t <= 1 for t in v):
             raise ValueError(f"target errors lie in [0, 1], got {list(v)}")
         return tuple(sorted(v, reverse=True))
+
+    @model_validator(mode="after")
+    def _starts_before_startup(self) -> "SimConfig":
+        starts = self.agent_starts_s
+        if starts and (len(starts) != self.agents or not all(0 <= s <= self.startup_s for s in starts)):
+            raise ValueError(f"agent_starts_s gives each of the {self.agents} agents its start, in [0, startup_s = "
+                             f"{self.startup_s:g}] (the run counts the agents up when the last one is), got "
+                             f"{list(starts)}")
+        return self
 
 
 def check_supported(cfg: SimConfig) -> None:
@@ -159,6 +173,7 @@ class Simulator:
                                           "compute": {"step_s": cfg.compute.step_s, "jitter": cfg.compute.jitter,
                                                       "speeds": dict(cfg.compute.speeds)},
                                           "batch_size": cfg.batch_size, "seed": cfg.seed, "startup_s": cfg.startup_s,
+                                          "agent_starts_s": list(cfg.agent_starts_s),
                                           "parameters": self.layout.total_numel,
                                           "workload": dataclasses.asdict(cfg.workload)},
                                 targets=list(cfg.targets))
@@ -313,8 +328,9 @@ class Simulator:
         if self.ddp:
             self.clock.schedule(up, self._ddp_step)
         else:
+            starts = self.cfg.agent_starts_s or (up,) * self.K
             for a in range(self.K):
-                self._later(up, a, self._step)
+                self._later(starts[a], a, self._step)
             for absence in self.cfg.absences:
                 self.clock.schedule(absence.at_s, lambda when, ab=absence: self._absence(ab, when))
         if self.pipeline is not None:

@@ -170,3 +170,15 @@ def test_the_comm_comp_ratio_comes_from_mpcas_fp32_run_when_the_wire_varies():
     assert ratio_run({"sync": sync, "mpca": int8}) is int8
     assert ratio_run({"sync": sync, "mpca:gamma0": int8}) is int8  # an mpca variant alone
     assert ratio_run({"sync": sync}) == {}
+
+
+def test_each_agents_start_is_its_task_start_plus_its_data_read_and_build_in_agent_order():
+    from types import SimpleNamespace
+
+    from mpca.bench.compare import agent_starts
+
+    fit = SimpleNamespace(startup={1: {"task_started_s": 2.5, "data_s": 4.0, "build_s": 0.25},
+                                   0: {"task_started_s": 2.0, "data_s": 3.5, "build_s": 0.5}})
+    assert agent_starts(fit) == [6.0, 6.75]  # agent 0 first, though reported second
+    assert agent_starts(SimpleNamespace(startup={})) == []
+    assert agent_starts(SimpleNamespace(startup={0: {"task_started_s": 2.0, "data_s": 3.5}})) == []  # no build

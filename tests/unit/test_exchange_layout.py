@@ -62,3 +62,17 @@ def test_bad_settings_are_refused():
         ExchangeLayout("three")
     with pytest.raises(ValueError, match="recheck > probe"):
         ExchangeLayout("auto", probe=3, recheck=3)
+
+
+def test_the_guess_takes_the_fills_reduce_only_cycles_before_and_right_after_the_first_broadcast():
+    """With S ≥ 3 the first reduction is broadcast by cycle 1 and cycle 2 broadcasts nothing: cycles 0 and 2 are
+    the fill's reduce-only cycles; a later one (a rejected reduction, say) is not the guess's evidence."""
+    layout = ExchangeLayout("auto")
+    layout.observe(None, 1.2)
+    assert layout.guess() is True  # cycle 1 decides on cycle 0 alone
+    layout.observe(True, 2.0)
+    layout.observe(None, 0.5)
+    assert layout.reduce_only == [1.2, 0.5] and layout.guess() is False  # median 0.85
+    layout.observe(False, 0.9)
+    layout.observe(None, 9.0)
+    assert layout.reduce_only == [1.2, 0.5]

@@ -208,3 +208,15 @@ def test_easgd_by_hand():
     x, c = T(10.0), T(2.0)
     easgd_exchange_([x], [c], 0.25)  # d = 0.25 * 8 = 2
     assert x.item() == 8 and c.item() == 4
+
+
+def test_stage_lag_is_two_cycles_with_three_shards_but_one_for_the_first_reduction():
+    """§4.2: with S ≥ 3 a reduction is broadcast two cycles later (staged while the next job runs), with S ≤ 2
+    one cycle later; the pipeline's first reduction, with no job to overlap its staging, one cycle later."""
+    from mpca.algorithm.base import DriverRule
+
+    def rule(shards):
+        return DriverRule([torch.zeros(2) for _ in range(shards)], agents=2)
+
+    assert [rule(s).stage_lag() for s in (1, 2, 3, 4)] == [1, 1, 2, 2]
+    assert [rule(s).stage_lag(first=True) for s in (1, 2, 3, 4)] == [1, 1, 1, 1]

@@ -78,6 +78,10 @@ def test_startup_is_the_simulations_start_up_and_a_negative_one_is_one_line():
     assert config_from(p.parse_args(["--startup", "7.6"])).startup_s == 7.6
     with pytest.raises(UserError, match="simulate: startup_s: Input should be greater than or equal to 0"):
         config_from(p.parse_args(["--startup", "-1"]))
+    starts = config_from(p.parse_args(["--agents", "2", "--startup", "6.3", "--agent-starts", "6.27,6.3"]))
+    assert starts.agent_starts_s == (6.27, 6.3) and config_from(p.parse_args([])).agent_starts_s == ()
+    with pytest.raises(UserError, match="agent_starts_s gives each of the 2 agents its start"):
+        config_from(p.parse_args(["--agents", "2", "--startup", "6", "--agent-starts", "6.27,6.3"]))
 
 
 def test_hang_and_lose_become_the_simulations_absences_and_the_table_says_who_was_away(capsys):

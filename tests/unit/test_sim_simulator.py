@@ -174,12 +174,12 @@ def test_the_exchange_cpu_lengthens_every_cycle_by_its_seconds_per_mb():
     plain = simulate(config("mpca", network=base, max_virtual_s=6.0))
     cpu = simulate(config("mpca", network=NetworkConstants(link_bps=1e9, exchange_cpu_s_per_mb=1.0, host_cores=1),
                           max_virtual_s=6.0))
-    for c in (0, 2):  # cycle 0: shards up only; cycle 2: a broadcast too (the pipeline is full)
+    for c in (0, 1, 3):  # cycle 0: shards up only; cycles 1 and 3: a broadcast too (2 broadcasts nothing)
         a, b = plain.cycles[c], cpu.cycles[c]
         assert b.bytes_up == a.bytes_up > 0 and b.bytes_out == a.bytes_out
         up, down = a.bytes_up / 2, a.bytes_out / 2  # per agent; the driver sends each broadcast twice at K = 2
         assert (b.end - b.start) - (a.end - a.start) == pytest.approx((up + down) / 1e6 * 1.0 * 2, rel=1e-6)
-    assert plain.cycles[2].bytes_out > 0
+    assert plain.cycles[1].bytes_out > 0 and plain.cycles[3].bytes_out > 0
 
 
 def test_service_round_trips_are_charged_the_exchange_cpu_too():
@@ -374,3 +374,25 @@ def test_the_simulators_absent_claim_is_the_runtimes():
     from mpca.runtime.exchange import ABSENT_CLAIM_S
 
     assert NetworkConstants().absent_claim_s == ABSENT_CLAIM_S
+
+
+def test_each_agent_steps_from_its_own_start_and_the_exchange_from_the_start_up():
+    """The runtime's agents train from the moment each is built: with starts 0.5 s and 2.5 s (start-up 2.5 s,
+    1 s steps) agent 0 has made one step at t = 1 and two at t = 2, alone, and both step from 2.5 s; the
+    exchange's cycles start with the start-up, as without the starts."""
+    kw = dict(eval_every_s=1.0, max_virtual_s=3.2, startup_s=2.5)
+    spread = simulate(config("mpca", agent_starts_s=(0.5, 2.5), **kw))
+    together = simulate(config("mpca", **kw))
+    assert [r.steps for r in spread.history[:4]] == [0, 1, 2, 4]  # t = 0..3: agent 0 at 0.5, 1.5, 2.5; 1 at 2.5
+    assert [r.steps for r in together.history[:4]] == [0, 0, 0, 2]
+    assert spread.cycles[0].start >= 2.5 and spread.settings["agent_starts_s"] == [0.5, 2.5]
+    for bad in [(0.5,), (0.5, 3.0), (-0.1, 2.0)]:  # one per agent, none after the start-up or before 0
+        with pytest.raises(ValueError, match="agent_starts_s gives each of the 2 agents its start"):
+            config("mpca", agent_starts_s=bad, startup_s=2.5)
+
+
+def test_the_virtual_pipeline_broadcasts_the_first_reduction_one_cycle_later_as_the_runtime():
+    """S = 3: cycle 1 broadcasts shard 0 (the fill's first reduction, staged at once), cycle 2 nothing, then the
+    reduction of cycle c − 2 (DriverRule.stage_lag, the runtime's pipeline's rule)."""
+    res = simulate(config("mpca", max_virtual_s=12.0))
+    assert [c.bcast_shard for c in res.cycles[:7]] == [None, 0, None, 1, 2, 0, 1]

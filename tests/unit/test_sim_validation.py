@@ -34,3 +34,52 @@ def test_the_task_stays_the_benchmarks_while_the_run_seed_changes(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["label"] == "mpca" and row["agents"] == 2 and [s["seed"] for s in row["per_seed"]] == [0, 1]
     assert row["mean_cycle_s"] > 0
+
+
+def _compare_json(tmp_path):
+    runs = [{"agent_starts_s": [6.27, 6.30], "agents_up_s": 6.43, "time_to": {"0.3": 34.53, "0.26": None}},
+            {"agent_starts_s": [6.07, 5.96], "agents_up_s": 6.09, "time_to": {"0.3": 34.19, "0.26": 36.19}}]
+    path = tmp_path / "compare.json"
+    path.write_text(json.dumps({"algorithms": {
+        "easgd:t30": {"algorithm": {"name": "easgd", "every": 30}, "agents": 2, "runs": runs},
+        "diloco@int8": {"algorithm": {"name": "diloco"}, "agents": 4, "runs": runs}}}))
+    return str(path)
+
+
+def test_a_measured_row_is_found_by_its_settings_k_and_wire_and_keeps_each_repeats_starts(tmp_path):
+    import pytest
+
+    from lab.sim_validation import measured_for, measured_runs, relative_starts
+
+    measured = measured_runs([_compare_json(tmp_path)])
+    easgd = measured_for(measured, {"name": "easgd", "every": 30}, 2, "fp32")
+    assert easgd["label"] == "easgd:t30" and [r["agent_starts_s"] for r in easgd["runs"]] == [[6.27, 6.30],
+                                                                                               [6.07, 5.96]]
+    assert easgd["runs"][0]["after_start_up"]["0.3"] == pytest.approx(28.1)  # 34.53 - 6.43
+    assert easgd["runs"][0]["after_start_up"]["0.26"] is None
+    assert measured_for(measured, {"name": "diloco", "every": 50}, 4, "int8")["label"] == "diloco@int8"  # H = 50
+    assert measured_for(measured, {"name": "diloco", "every": 50}, 4, "fp32") is None  # another wire
+    assert measured_for(measured, {"name": "easgd", "every": 20}, 2, "fp32") is None  # another τ
+    assert measured_for(measured, {"name": "easgd", "every": 30}, 4, "fp32") is None  # another K
+    # the first agent at 0, the start-up at the last one's start; which agent came first is kept
+    assert relative_starts([6.07, 5.96]) == (pytest.approx(0.11), (pytest.approx(0.11), 0.0))
+    assert relative_starts([]) == (0.0, ()) and relative_starts([3.0]) == (0.0, ())
+
+
+def test_a_measured_row_is_simulated_once_per_repeat_with_its_starts_and_counted_from_the_last(tmp_path):
+    import argparse
+
+    import pytest
+
+    from lab.sim_validation import measured_for, measured_runs, run_row
+
+    args = argparse.Namespace(exchange_cpu=0.06, host_cores=2, rows=200, holdout=50, task_seed=0, holdout_at=None,
+                              max_seconds=1.0, split_rows=8000, seeds=1)
+    measured = measured_for(measured_runs([_compare_json(tmp_path)]), {"name": "easgd", "every": 30}, 2, "fp32")
+    row = run_row("easgd t30", {"name": "easgd", "every": 30}, 2, "fp32", args, measured)
+    assert [s["agent_starts_s"] for s in row["per_seed"]] == [[0.0, 0.03], [0.11, 0.0]]
+    assert row["measured"]["label"] == "easgd:t30"
+    after = row["measured"]["median_after_start_up"]
+    assert after["0.3"] == pytest.approx(28.1) and after["0.26"] is None  # one of two did not reach it: slowest
+    plain = run_row("easgd t30", {"name": "easgd", "every": 30}, 2, "fp32", args)
+    assert [s["agent_starts_s"] for s in plain["per_seed"]] == [[]] and "measured" not in plain
