@@ -18,8 +18,9 @@ median of seeds 0–2, and before that a new teacher per seed, which mixed the t
 The agents' starts (``--measured``): the runtime's agents each step from the moment each is built, a few hundredths
 of a second apart, and which one starts first decides the order of their exchanges for the run — for EASGD at
 K = 2, 20 / 41 / 61 s to 30 / 26 / 24% with agent 1 first against 30 / 30 / 61 s with agent 0 first (this
-row was 30% off until 2026-11-26, simulated with both agents starting at one instant, which orders them as agent
-0 first, against runs where agent 1 had mostly started first).  Given the ``compare.json`` of the measured runs,
+row was 30% off until 2026-11-26: simulated with both agents starting at one instant, which orders them as agent
+0 first, against runs whose starts were not recorded and which read the agent-1-first curve in two repeats of
+three).  Given the ``compare.json`` of the measured runs,
 a row that ``bench compare`` measured is simulated once per measured repeat with that repeat's agents' starts
 (``agent_starts_s``, kept since 2026-11-26), its times counted from the last agent's start, and printed beside the
 measured median after start-up.  Prints medians and per-run times to each target and the mean cycle, and writes
