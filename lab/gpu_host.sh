@@ -13,7 +13,8 @@
 #    (labelled so by the benchmark itself).
 # REPEATS (default 3), MAX_SECONDS (per run, default 60), PULL=0 (skip step 3) and TESTS=0 (skip step 2) shorten
 # a pass; WIRE=int8 with ALGORITHMS= (empty) runs step 4's baselines alone with that wire format; INT8=0 leaves
-# mpca@int8 out.
+# mpca@int8 out; K8=1 runs instead K = 8 in the ≈ 12 regime (mpca against sync, DiLoCo and EASGD; VARIANTS
+# replaces the baselines' settings, ALGORITHMS= leaves mpca out).
 # Writes at most 6 files to OUT_DIR: facts.txt, test-gpu.log, bench.log, compare.json, compare.png and runs.tgz
 # (every finished run's history.csv and run.json, so that a pass cut short by its time keeps them).
 # Needs python3 with torch, pyspark, pytest (and pytest-timeout) importable, and java on PATH; the emulated
@@ -50,7 +51,14 @@ fi
 
 common=(--no-tune --repeats "${REPEATS:-3}" --targets 0.3,0.26,0.24 --out /tmp/gpu-host-compare
         --max-seconds "${MAX_SECONDS:-60}")
-if grep -q "emulated cluster: (True" "$out/facts.txt"; then
+if [ "${K8:-0}" != 0 ] && grep -q "emulated cluster: (True" "$out/facts.txt"; then
+  # issue 23's K = 8 in the ≈ 12 regime (100 Mbit, T = 300 ms), each baseline at the period the simulator put first
+  # on its K = 8 grid (sync H 8/15/30/60, DiLoCo H 30/60, EASGD τ 15/30); VARIANTS (';'-separated) replaces them
+  IFS=';' read -r -a vs <<< "${VARIANTS:-sync:H15=sync,every=15;diloco:H30=diloco,every=30;easgd:t15=easgd,every=15}"
+  labels=(--algorithms "${ALGORITHMS-mpca}"); for v in "${vs[@]}"; do [ -n "$v" ] && labels+=(--variant "$v"); done
+  cmd=(bench compare --regime resnet110-gbe "${common[@]}" "${labels[@]}" training.agents=8
+       "cluster.master=local-cluster[8,2,1024]" cluster.gpus=none)
+elif grep -q "emulated cluster: (True" "$out/facts.txt"; then
   # WIRE=int8 ALGORITHMS= : the baselines alone, each with that wire format (labelled sync:H62@int8, ...)
   labels=(--algorithms "${ALGORITHMS-mpca}" --variant "sync:H62=sync,every=62"
           --variant "diloco:H62=diloco,every=62,outer_lr=0.5")
