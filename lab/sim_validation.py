@@ -23,11 +23,14 @@ row was 30% off until 2026-11-26: simulated with both agents starting at one ins
 three).  Given the ``compare.json`` of the measured runs,
 a row that ``bench compare`` measured is simulated once per measured repeat with that repeat's agents' starts
 (``agent_starts_s``, kept since 2026-11-26), its times counted from the last agent's start, and printed beside the
-measured median after start-up.  Prints medians and per-run times to each target and the mean cycle, and writes
-JSON:
+measured median after start-up.  ``--row`` replaces the regime's table by settings of your own (bench compare's
+``--variant`` syntax) at ``--agents`` K, and ``--link`` / ``--step-s`` replace the regime's link and T: a period's
+grid before a comparison, or a regime run on a slower clock (issue 23's K = 8 on a 2-core machine: 30 Mbit,
+T = 1.2 s).  Prints medians and per-run times to each target and the mean cycle, and writes JSON:
 
     python -m lab.sim_validation --json /tmp/sim-validation.json
     python -m lab.sim_validation --measured runs/k2/compare.json --only "easgd t30@2"
+    python -m lab.sim_validation --agents 8 --row "sync:H15=sync,every=15" --row "sync:H30=sync,every=30" --row mpca=mpca
 """
 from __future__ import annotations
 
@@ -127,10 +130,12 @@ def relative_starts(starts: List[float]) -> Tuple[float, Tuple[float, ...]]:
 def config(algorithm: dict, agents: int, wire: str, seed: int, args,
            starts: Tuple[float, Tuple[float, ...]] = (0.0, ())) -> SimConfig:
     measured_in = regime(getattr(args, "regime", DEFAULT_REGIME))
-    net = NetworkConstants(link_bps=parse_rate(measured_in.link), exchange_cpu_s_per_mb=args.exchange_cpu,
+    link = getattr(args, "link", None) or measured_in.link
+    step_s = getattr(args, "step_s", None) or measured_in.device_step_s
+    net = NetworkConstants(link_bps=parse_rate(link), exchange_cpu_s_per_mb=args.exchange_cpu,
                            host_cores=args.host_cores)
     return SimConfig(algorithm=algorithm, agents=agents, wire=wire, network=net,
-                     compute=ComputeModel(step_s=measured_in.device_step_s, seed=seed),
+                     compute=ComputeModel(step_s=step_s, seed=seed),
                      workload=TeacherWorkload(rows_per_agent=rows_per_agent(args, agents), holdout=args.holdout,
                                               seed=args.task_seed,
                                               holdout_at=args.holdout_at, split_rows=args.split_rows or None),
@@ -201,6 +206,13 @@ def main(argv=None) -> int:
     ap.add_argument("--regime", choices=sorted(ROWS_BY_REGIME), default=DEFAULT_REGIME,
                     help="the measured rows of this regime (vgga-gbe: measured on a 16-core host)")
     ap.add_argument("--max-seconds", type=float, default=90.0, help="virtual seconds after the start-up")
+    ap.add_argument("--row", action="append", default=[], metavar="LABEL=NAME,key=value",
+                    help="simulate these settings (bench compare's --variant syntax, repeatable) instead of the "
+                         "regime's measured rows")
+    ap.add_argument("--agents", type=int, default=4, help="K of the --row rows")
+    ap.add_argument("--wire", default="fp32", help="wire format of the --row rows")
+    ap.add_argument("--link", default=None, help="every host's port instead of the regime's (e.g. 30mbit)")
+    ap.add_argument("--step-s", type=float, default=None, help="the device step T instead of the regime's")
     ap.add_argument("--measured", action="append", default=[], metavar="COMPARE_JSON",
                     help="bench compare's compare.json (repeatable): a row it measured is simulated once per measured "
                          "repeat with that repeat's agents' starts, and printed beside the measured median")
@@ -218,6 +230,18 @@ def main(argv=None) -> int:
         torch.set_num_threads(threads)
 
 
+def rows(args) -> List[Tuple[str, dict, int, str]]:
+    """(label, algorithm, K, wire) of every row to simulate: ``--row``'s, else the regime's measured rows."""
+    if args.row:
+        from mpca.bench.compare import parse_variant
+
+        try:
+            return [(*parse_variant(r), args.agents, args.wire) for r in args.row]
+        except ValueError as e:
+            raise SystemExit(f"sim_validation: {e}") from None
+    return list(ROWS_BY_REGIME[args.regime])
+
+
 def _run(args) -> int:
     wanted = {w.strip() for w in args.only.split(",") if w.strip()}
     measured = measured_runs(args.measured)
@@ -227,7 +251,7 @@ def _run(args) -> int:
               "(simulated ÷ measured)")
     print("| run | K | mean cycle s | " + " | ".join(f"t({t:g}) s median (runs)" for t in TARGETS) + " | wall s |")
     print("|---|---|---|" + "---|" * len(TARGETS) + "---|")
-    for label, algorithm, agents, wire in ROWS_BY_REGIME[args.regime]:
+    for label, algorithm, agents, wire in rows(args):
         if wanted and f"{label}@{agents}" not in wanted:
             continue
         t0 = time.time()

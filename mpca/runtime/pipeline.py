@@ -179,10 +179,9 @@ class ExchangePipeline:
         return partial
 
     # ------------------------------------------------------------------ phases
-    def _stage(self, cycle: int, shard: int, result: ExchangeRecord, rec: CycleRecord, lag: Optional[int] = None
-               ) -> None:
+    def _stage(self, cycle: int, shard: int, result: ExchangeRecord, rec: CycleRecord, lag: int) -> None:
         """Stage phase: the driver rule's update of the reduced shard (with what leaving agents handed in), then
-        a new broadcast variable."""
+        a new broadcast variable, for cycle ``cycle + lag``."""
         rec.stage_shard, rec.stage_start = shard, time.time()
         partial = _finite(cycle, shard, result.partial)
         if partial is None:
@@ -192,7 +191,7 @@ class ExchangePipeline:
         partial = self._with_handed_in(shard, partial, rec)
         out = self.rule.on_reduced(cycle, shard, partial)
         if out is not None:
-            self.broadcasts.stage(cycle + (lag or self.lag), shard, out)
+            self.broadcasts.stage(cycle + lag, shard, out)
         rec.stage_end = time.time()
 
     def _observe(self, c: int) -> CycleRecord:
@@ -238,7 +237,7 @@ class ExchangePipeline:
         rec = CycleRecord(c, r, staged.shard if staged else None, t_submit=time.time(), jobs=2 if two_jobs else 1)
         fut = self._pool.submit(self.job_with_corrections, reduce, deliver, staged.bc if staged else None, desc, rec)
         if self.lag == 2 and self._pending is not None:
-            self._stage(*self._pending, rec)  # concurrent with job c
+            self._stage(*self._pending, rec, self.lag)  # concurrent with job c
             self._pending = None
         result = fut.result()
         rec.t_end = time.time()

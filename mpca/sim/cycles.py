@@ -136,14 +136,14 @@ class VirtualPipeline:
         self.clock.schedule(t, self._cycle)
 
     # ------------------------------------------------------------------ phases
-    def _stage(self, cycle: int, shard: int, partial: Partial, lag: Optional[int] = None) -> None:
+    def _stage(self, cycle: int, shard: int, partial: Partial, lag: int) -> None:
         ws = as_driver_sum(partial)
         if ws is None:
             self.rejected += 1
             return
         out = self.rule.on_reduced(cycle, shard, ws)
         if out is not None:
-            self.staged[cycle + (lag or self.lag)] = (shard, self.feedback.encode(shard, out.numpy()))
+            self.staged[cycle + lag] = (shard, self.feedback.encode(shard, out.numpy()))
 
     def _cycle(self, t: float) -> None:
         c = self.cycle_no
@@ -151,7 +151,7 @@ class VirtualPipeline:
         staged = self.staged.pop(c, None)
         params = self.rule.cycle_params(c)
         if self.lag == 2 and self.pending is not None:
-            self._stage(*self.pending)  # concurrent with job c
+            self._stage(*self.pending, self.lag)  # concurrent with job c
             self.pending = None
         run = t + self.net.job_overhead_s
         bcast_bytes = len(staged[1]) if staged else 0

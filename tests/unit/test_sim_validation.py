@@ -83,3 +83,29 @@ def test_a_measured_row_is_simulated_once_per_repeat_with_its_starts_and_counted
     assert after["0.3"] == pytest.approx(28.1) and after["0.26"] is None  # one of two did not reach it: slowest
     plain = run_row("easgd t30", {"name": "easgd", "every": 30}, 2, "fp32", args)
     assert [s["agent_starts_s"] for s in plain["per_seed"]] == [[]] and "measured" not in plain
+
+
+def test_rows_of_your_own_replace_the_regimes_table_and_link_and_t_replace_the_regimes(tmp_path):
+    import argparse
+
+    import pytest
+
+    from lab.sim_validation import rows
+
+    args = argparse.Namespace(row=["sync:H17=sync,every=17", "mpca=mpca"], agents=8, wire="int8", regime="vgga-gbe")
+    assert rows(args) == [("sync:H17", {"name": "sync", "every": 17}, 8, "int8"), ("mpca", {"name": "mpca"}, 8, "int8")]
+    args.row = []
+    assert rows(args)[0] == ("mpca@fp32", {"name": "mpca"}, 4, "fp32")  # the ≈ 100 regime's measured rows
+    args.row = ["sync:H0=sync,every=0"]
+    with pytest.raises(SystemExit, match="every"):
+        rows(args)
+    args = argparse.Namespace(exchange_cpu=0.06, host_cores=2, rows=100, holdout=50, task_seed=0, holdout_at=None,
+                              max_seconds=1.0, split_rows=1_000_000, link="30mbit", step_s=1.2)
+    slow = config({"name": "sync", "every": 17}, 8, "fp32", 0, args)
+    assert (slow.network.link_bps, slow.compute.step_s) == (30e6, 1.2)
+    out = tmp_path / "r.json"
+    assert main(["--rows", "200", "--split-rows", "8000", "--max-seconds", "1.5", "--agents", "2", "--link", "1gbit",
+                 "--row", "sync:H5=sync,every=5", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["label"], row["algorithm"], row["agents"]) == ("sync:H5", {"name": "sync", "every": 5}, 2)
+    assert json.loads(out.read_text())["settings"]["link"] == "1gbit"
