@@ -86,7 +86,12 @@ def parse_variant(text: str) -> tuple:
         key, eq, value = p.partition("=")
         if not eq:
             raise ValueError(f"--variant {label}: {p!r} is not key=value")
-        algo[key.strip()] = yaml.safe_load(value)
+        try:
+            algo[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:  # e.g. a nested mapping cut at a comma: alpha={hold_cycles: 0
+            raise ValueError(f"--variant {label}: {key.strip()}={value.strip()} is not a YAML value "
+                             f"({getattr(e, 'problem', None) or e}); a comma ends each key=value, so give a nested "
+                             f"setting one key at a time, e.g. alpha={{target: 0.1}}") from None
     try:
         build_algorithm(algo)
     except Exception as e:  # pydantic's ValidationError or an unknown name: one line

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from pydantic import ValidationError
 
@@ -11,8 +11,9 @@ from mpca.errors import UserError
 from mpca.sim.compute import ComputeModel
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.presence import Absence
-from mpca.sim.simulator import SimConfig, simulate
-from mpca.sim.workload import TeacherWorkload
+
+if TYPE_CHECKING:
+    from mpca.sim.simulator import SimConfig
 
 RATES = {"mbit": 1e6, "gbit": 1e9, "kbit": 1e3}
 
@@ -119,6 +120,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from(args) -> SimConfig:
     """A validated :class:`SimConfig`; every mistake as one UserError line."""
+    from mpca.sim.simulator import SimConfig  # torch: imported when a simulation runs, not when the parser is built
+    from mpca.sim.workload import TeacherWorkload
+
     try:
         net = NetworkConstants(link_bps=parse_rate(args.link), exchange_cpu_s_per_mb=args.exchange_cpu,
                                host_cores=args.host_cores)
@@ -147,6 +151,8 @@ def config_from(args) -> SimConfig:
 
 
 def run(args) -> int:
+    from mpca.sim.simulator import simulate
+
     cfg = config_from(args)
     try:
         result = simulate(cfg)

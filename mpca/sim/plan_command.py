@@ -10,9 +10,8 @@ from pydantic import ValidationError
 from mpca.errors import UserError
 from mpca.report import write_json
 from mpca.sim.command import add_exchange_cpu_arguments, parse_overrides, parse_rate, parse_speeds
-from mpca.sim.grid import GridRow
-from mpca.sim.measure import exchanged_values, load_model, measure_step_s, teacher_hidden_for, teacher_mlp_for
-from mpca.sim.plan import DEFAULT_ALGORITHMS, PlanConfig, assumptions, plan, table, yaml_snippet
+
+# mpca.sim.grid, .measure and .plan import torch: imported when a plan runs, not when the command line's parser is built
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--link", default="1gbit", help="every host's port: 100mbit, 1gbit, 10gbit")
     p.add_argument("--agents", default="1,2,4,8,16", help="agent counts to try")
-    p.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS))
+    p.add_argument("--algorithms", default="", help="comma-separated (default: mpca.sim.plan.DEFAULT_ALGORITHMS, "
+                   "one agent, mpca and the paper's and today's yardsticks)")
     p.add_argument("--wire", default="fp32", help="fp32, bf16, int8 or int4")
     p.add_argument("--speeds", default="", help="stragglers, e.g. 1:0.5 (agent 1 at half speed)")
     add_exchange_cpu_arguments(p)
@@ -56,6 +56,8 @@ def _ints(text: str, what: str) -> tuple:
 
 
 def _proxy_hidden(args) -> tuple:
+    from mpca.sim.measure import teacher_hidden_for
+
     if args.proxy_hidden.strip() == "sized":
         if not args.parameters:
             raise UserError("plan: --proxy-hidden sized goes with --parameters (the teacher MLP of that size)")
@@ -66,6 +68,9 @@ def _proxy_hidden(args) -> tuple:
 
 def config_from(args) -> tuple:
     """(PlanConfig, a line describing the model and its step time); every mistake as one UserError line."""
+    from mpca.sim.measure import exchanged_values, load_model, measure_step_s, teacher_hidden_for, teacher_mlp_for
+    from mpca.sim.plan import PlanConfig
+
     try:
         if args.model:
             model = load_model(args.model)
@@ -81,8 +86,9 @@ def config_from(args) -> tuple:
             how = f"measured on this host: CPU time on one core, the fastest of 10 steps at batch {args.batch_size}"
         else:
             step, how = args.step_s, "given"
+        chosen = tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
         cfg = PlanConfig(parameters=n, step_s=step, link_bps=parse_rate(args.link, "plan"), agents=_ints(args.agents, "--agents"),
-                         algorithms=tuple(a.strip() for a in args.algorithms.split(",") if a.strip()),
+                         **({"algorithms": chosen} if chosen else {}),
                          settings=parse_overrides(args.overrides), wire=args.wire, batch_size=args.batch_size,
                          speeds=parse_speeds(args.speeds), reduction=args.reduction, target_error=args.target_error, tolerance=args.tolerance,
                          seeds=args.seeds, periods=args.periods, proxy_hidden=_proxy_hidden(args),
@@ -99,6 +105,9 @@ def config_from(args) -> tuple:
 
 
 def run(args) -> int:
+    from mpca.sim.grid import GridRow
+    from mpca.sim.plan import assumptions, plan, table, yaml_snippet
+
     cfg, model_line = config_from(args)
     print("mpca plan: a PREDICTION from short simulations (mpca/sim), not a measurement")
     print(model_line, flush=True)

@@ -73,3 +73,16 @@ def test_the_teacher_tasks_row_generator_imports_no_torch():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.splitlines() == ["[]", "mpca.algorithm.registry mpca.trainer"], p.stdout
+
+
+def test_the_command_lines_parser_imports_no_torch():
+    """``mpca --version`` and a bad config's one-line error come before any training: building the parser
+    (``mpca simulate``'s and ``mpca plan``'s options among it) must not import torch (~2.5 s of CPU)."""
+    code = ("import sys\nfrom mpca.cli import build_parser\nbuild_parser()\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines() == ["[]"], p.stdout
+    p = subprocess.run([sys.executable, "-m", "mpca.cli", "--version"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("mpca "), (p.stdout, p.stderr[-2000:])

@@ -23,7 +23,8 @@ def test_a_variant_is_a_label_and_an_algorithm_with_its_settings():
     assert parse_variant("a0=rudra-softsync,n=2,modulate=false")[1] == {"name": "rudra-softsync", "n": 2,
                                                                        "modulate": False}
     for bad, why in [("weaksync", "LABEL=NAME"), ("x=c=3", "LABEL=NAME"), ("x=weaksync,c", "key=value"),
-                     ("x=nope", "unknown algorithm"), ("x=weaksync,pull_fraction=2", "pull_fraction")]:
+                     ("x=nope", "unknown algorithm"), ("x=weaksync,pull_fraction=2", "pull_fraction"),
+                     ("x=mpca,alpha={hold_cycles: 0, target: 1.0}", "not a YAML value")]:
         with pytest.raises(ValueError, match=why):
             parse_variant(bad)
 

@@ -176,3 +176,17 @@ def test_periods_follow_the_rule_of_five_unless_the_user_set_them():
     own = cfg.model_copy(update={"settings": {"sync": {"every": 7}}})
     assert algorithm_at(own, "sync", 2).every == 7 and algorithm_at(own, "diloco", 2).every == 18
     assert algorithm_at(cfg.model_copy(update={"periods": "defaults"}), "sync", 2).every == 50
+
+
+def test_without_algorithms_the_plan_tries_the_planners_default_set():
+    import argparse
+
+    from mpca.sim.plan import DEFAULT_ALGORITHMS
+    from mpca.sim.plan_command import add_arguments, config_from
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg, _ = config_from(p.parse_args(["--parameters", "1000", "--step-s", "0.1"]))
+    assert cfg.algorithms == DEFAULT_ALGORITHMS
+    cfg, _ = config_from(p.parse_args(["--parameters", "1000", "--step-s", "0.1", "--algorithms", "mpca, sync"]))
+    assert cfg.algorithms == ("mpca", "sync")
