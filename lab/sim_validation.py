@@ -81,9 +81,10 @@ DEFAULT_REGIME = "resnet110-gbe"
 
 def rows_per_agent(args, agents: int) -> int:
     """``--rows``, or by default the runtime's own: with ``--split-rows`` N, the trainer hands agent a the rows
-    [a·N/K, (a+1)·N/K) of the task less the holdout's, in that order (``coalesce(K)`` of the task's 4 contiguous
-    ``spark.range`` partitions, K = 1, 2 or 4), which is what the simulated agent trains on; then sync, whose
-    runs are deterministic, reads the runtime's very errors round for round."""
+    [a·N/K, (a+1)·N/K) of the task less the holdout's, in that order (``coalesce(K)`` of the task's max(4, K)
+    contiguous ``spark.range`` partitions; until 2026-11-27 K = 8 repartitioned 4 partitions, other rows), which is
+    what the simulated agent trains on; then sync, whose runs are deterministic, reads the runtime's very errors
+    round for round."""
     if args.rows:
         return args.rows
     if not args.split_rows:

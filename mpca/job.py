@@ -149,7 +149,7 @@ def dry_run(cfg: JobConfig, spark=None) -> int:
         require_classic(spark)
         _check_cluster_locations(cfg)
         d = cfg.data
-        df = job_dataframe(spark, cfg.data)
+        df = job_dataframe(spark, cfg.data, cfg.training.agents)
         check_dataframe(df, d.features, d.label, d.input_shape, *training_functions(cfg.model, cfg.optimizer))
         shape, use_gpus = agents_fit(spark.sparkContext, cfg)
     finally:
@@ -180,7 +180,7 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
     t0 = time.time()
     try:
         _check_cluster_locations(cfg)
-        df = job_dataframe(spark, cfg.data)
+        df = job_dataframe(spark, cfg.data, cfg.training.agents)
         trainer = Trainer(*training_functions(cfg.model, cfg.optimizer), cfg, spark=spark, on_cycle=trackers)  # settings passed whole
         with StopSignals() as signals:
             trainer.stop_requested = signals.event  # SIGTERM / Ctrl-C: stop after this cycle, write everything

@@ -398,7 +398,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     from mpca.report import plot_curves, write_json
 
     os.makedirs(out, exist_ok=True)
-    data = job_dataframe(spark, cfg.data)  # one DataFrame for every run: the same rows, and read (or built) once
+    data = job_dataframe(spark, cfg.data, cfg.training.agents)  # one DataFrame for every run: the same rows, and read (or built) once
     _warm_up(spark, cfg, data, out)
     chosen: Dict[str, tuple] = {}
     for label in labels:

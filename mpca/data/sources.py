@@ -7,16 +7,23 @@ from typing import Optional
 from mpca.errors import UserError, error_line
 
 
-def job_dataframe(spark, d):
-    """The DataFrame of a job's ``data`` section (:class:`~mpca.config.JobDataSection`)."""
+def job_dataframe(spark, d, agents: int = 1):
+    """The DataFrame of a job's ``data`` section (:class:`~mpca.config.JobDataSection`) for ``agents`` agents.
+
+    Rows the job generates (the teacher task, a bundled dataset) come in ``data.partitions`` partitions, or one
+    per agent where there are more agents: the agents' job then coalesces them without a shuffle
+    (:func:`mpca.runtime.agent_job.balanced`): each agent reads a contiguous slice, no agent's start waits for
+    a shuffle of every row, and an executor lost mid-run retries its own agent instead of every agent (a
+    shuffle's map outputs die with it).  A path or table keeps its own layout."""
     from mpca.data.datasets import dataset_dataframe
 
+    partitions = max(d.partitions, agents)
     if d.dataset == "teacher":
         from mpca.data.synthetic import TeacherTask
 
-        return TeacherTask(**d.teacher.model_dump()).dataframe(spark, d.partitions)
+        return TeacherTask(**d.teacher.model_dump()).dataframe(spark, partitions)
     if d.dataset is not None:
-        return dataset_dataframe(spark, d.dataset, d.partitions)
+        return dataset_dataframe(spark, d.dataset, partitions)
     return read_source(spark, d)
 
 

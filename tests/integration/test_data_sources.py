@@ -111,6 +111,19 @@ def test_the_teacher_task_is_the_same_rows_on_every_partitioning(spark):
         assert np.array_equal(x.numpy(), expected_x) and np.array_equal(y.numpy(), expected_y), partitions
 
 
+def test_generated_rows_come_in_a_partition_per_agent_where_agents_outnumber_data_partitions(spark):
+    """A job's generated data (the teacher task, a bundled dataset) has at least one partition per agent, so the
+    agents' job coalesces it without a shuffle; a path keeps its own layout."""
+    from mpca.data.sources import job_dataframe
+
+    teacher = load_config([], ["data.dataset=teacher", "data.input_shape=[8]", "data.teacher.features=8",
+                               "data.teacher.rows=4000", "data.teacher.hidden=16"]).data
+    assert teacher.partitions == 4
+    assert [job_dataframe(spark, teacher, k).rdd.getNumPartitions() for k in (1, 4, 6)] == [4, 4, 6]
+    digits = load_config([], []).data
+    assert [job_dataframe(spark, digits, k).rdd.getNumPartitions() for k in (2, 8)] == [4, 8]
+
+
 def test_the_holdout_split_depends_on_each_rows_content_not_on_partitioning_or_order(spark):
     """mpca.data.split: 2 or 5 partitions, rows in either order — the same holdout rows, ≈ the fraction, the two
     sides disjoint and together every row; another seed, another split; the numpy hash finds the same rows."""
