@@ -51,14 +51,15 @@ fi
 
 common=(--no-tune --repeats "${REPEATS:-3}" --targets 0.3,0.26,0.24 --out /tmp/gpu-host-compare
         --max-seconds "${MAX_SECONDS:-60}")
-if [ "${K8:-0}" != 0 ] && grep -q "emulated cluster: (True" "$out/facts.txt"; then
+emulated=$(grep -c "emulated cluster: (True" "$out/facts.txt")
+if [ "${K8:-0}" != 0 ] && [ "$emulated" != 0 ]; then
   # issue 23's K = 8 in the ≈ 12 regime (100 Mbit, T = 300 ms), each baseline at the period the simulator put first
   # on its K = 8 grid (sync H 8/15/30/60, DiLoCo H 30/60, EASGD τ 15/30); VARIANTS (';'-separated) replaces them
   IFS=';' read -r -a vs <<< "${VARIANTS:-sync:H15=sync,every=15;diloco:H30=diloco,every=30;easgd:t15=easgd,every=15}"
   labels=(--algorithms "${ALGORITHMS-mpca}"); for v in "${vs[@]}"; do [ -n "$v" ] && labels+=(--variant "$v"); done
   cmd=(bench compare --regime resnet110-gbe "${common[@]}" "${labels[@]}" training.agents=8
        "cluster.master=local-cluster[8,2,1024]" cluster.gpus=none)
-elif grep -q "emulated cluster: (True" "$out/facts.txt"; then
+elif [ "$emulated" != 0 ]; then
   # WIRE=int8 ALGORITHMS= : the baselines alone, each with that wire format (labelled sync:H62@int8, ...)
   labels=(--algorithms "${ALGORITHMS-mpca}" --variant "sync:H62=sync,every=62"
           --variant "diloco:H62=diloco,every=62,outer_lr=0.5")

@@ -398,7 +398,8 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     from mpca.report import plot_curves, write_json
 
     os.makedirs(out, exist_ok=True)
-    data = job_dataframe(spark, cfg.data, cfg.training.agents)  # one DataFrame for every run: the same rows, and read (or built) once
+    # one DataFrame for every run: the same rows, read (or built) once, a partition per agent where generated
+    data = job_dataframe(spark, cfg.data, cfg.training.agents)
     _warm_up(spark, cfg, data, out)
     chosen: Dict[str, tuple] = {}
     for label in labels:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -12,6 +13,8 @@ from mpca.report import write_json
 from mpca.sim.command import add_exchange_cpu_arguments, parse_overrides, parse_rate, parse_speeds
 
 # mpca.sim.grid, .measure and .plan import torch: imported when a plan runs, not when the command line's parser is built
+if TYPE_CHECKING:
+    from mpca.sim.grid import GridRow
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -105,7 +108,6 @@ def config_from(args) -> tuple:
 
 
 def run(args) -> int:
-    from mpca.sim.grid import GridRow
     from mpca.sim.plan import assumptions, plan, table, yaml_snippet
 
     cfg, model_line = config_from(args)
