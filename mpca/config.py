@@ -230,6 +230,11 @@ class ClusterSection(_Strict):
         "auto", description="with one exchange task slot per agent (executors of 2 cores), how a cycle that "
         "broadcasts reaches the agents: one task per agent that yields after the broadcast's download, two jobs "
         "(reduce, then deliver on the same slot), or auto: measured on the run's cycles, the faster kept")
+    reduce: Literal["tree", "scatter"] = Field(
+        "tree", description="how a cycle sums the agents' contributions: tree (Spark's treeReduce: every "
+        "contribution into the driver) or scatter (a reduce-scatter over the executors in a shuffle: each "
+        "executor's port carries most of a shard, the driver's one shard instead of K; costs a second stage, "
+        "which waits for a task slot)")
     conf: Dict[str, str] = Field(default_factory=dict)
 
     @field_validator("gpus")

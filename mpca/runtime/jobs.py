@@ -1,7 +1,7 @@
 """The exchange jobs of one run: what their tasks do (an :class:`~mpca.runtime.exchange.ExchangePlan` with the
 run's identity and the roster's bounded wait), how many tasks reach the agents, and one Spark job per part of a
-call — each tree-reduced to an :class:`~mpca.runtime.record.ExchangeRecord`, concurrent parts merged — counted
-by purpose under the run's job group."""
+call — each tree-reduced to an :class:`~mpca.runtime.record.ExchangeRecord`, or reduce-scattered over the
+executors (:mod:`mpca.runtime.scatter`), concurrent parts merged — counted by purpose under the run's job group."""
 from __future__ import annotations
 
 import functools
@@ -10,9 +10,12 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Dict, Sequence
 
 from mpca.algorithm.wire import Codec
+from mpca.runtime import scatter
 from mpca.runtime.exchange import ExchangePlan, exchange_partition
 from mpca.runtime.record import ExchangeRecord, merge_records
 from mpca.runtime.roster import AgentRoster
+
+PARTIAL_OPS = ("reduce", "cycle")  # the plans whose tasks carry a partial sum of Eq. 9
 
 
 class ExchangeJobs:
@@ -45,7 +48,8 @@ class ExchangeJobs:
     def run(self, plan: ExchangePlan, tasks: int, bc, description: str, purpose: str = "control") -> ExchangeRecord:
         return self.run_parts([(plan, tasks, bc)], description, purpose)
 
-    def run_parts(self, parts: Sequence[tuple], description: str, purpose: str) -> ExchangeRecord:
+    def run_parts(self, parts: Sequence[tuple], description: str, purpose: str,
+                  scatter_partials: bool = False) -> ExchangeRecord:
         """One Spark job per ``(plan, tasks, broadcast or None)`` part, each tree-reduced, run concurrently and
         submitted in the order given (Spark's FIFO scheduler offers free task slots to the earlier job first);
         their records merged.
@@ -55,25 +59,36 @@ class ExchangeJobs:
         function references a broadcast fetches it before it starts) nor at a stage barrier (a union of more
         than a few partitions gets a treeReduce level, whose shuffle waits for every task of the stage, deliver
         tasks included).  A cycle's deliver job is counted apart (``deliver``), so ``cycle`` stays one per
-        cycle."""
+        cycle.  ``scatter_partials``: the parts whose tasks carry partial sums reduce-scatter them over the
+        executors (:meth:`pieces`) instead of tree-reducing them into the driver."""
         if len(parts) == 1:
-            return self._job(*parts[0], description, purpose)
+            return self._job(*parts[0], description, purpose, scatter_partials)
         futures = []
         for i, (plan, tasks, bc) in enumerate(parts):
             seen = self._last_job_id()
-            futures.append(self._pool.submit(self._job, plan, tasks, bc, description, purpose))
+            futures.append(self._pool.submit(self._job, plan, tasks, bc, description, purpose, scatter_partials))
             if i + 1 < len(parts):
                 self._until_submitted(seen)
         wait(futures)  # every job has ended before one's error is raised
         return functools.reduce(merge_records, [f.result() for f in futures])
 
-    def _job(self, plan: ExchangePlan, tasks: int, bc, description: str, purpose: str) -> ExchangeRecord:
+    def pieces(self, tasks: int) -> int:
+        """Pieces of a reduce-scatter over ``tasks`` tasks: one per executor that runs one (1: nothing to
+        scatter, the tree it is)."""
+        return max(1, min(tasks, self.executors))
+
+    def _job(self, plan: ExchangePlan, tasks: int, bc, description: str, purpose: str,
+             scatter_partials: bool = False) -> ExchangeRecord:
         self.counts["deliver" if purpose == "cycle" and plan.op == "deliver" else purpose] += 1
         if plan.op == "deliver":
             description = f"{description} (deliver)"
         self.sc.setJobGroup(self.job_group, description, interruptOnCancel=True)  # per thread (pinned threads)
         rdd = self.sc.parallelize(range(tasks), tasks).mapPartitions(functools.partial(exchange_partition, plan, bc))
-        return rdd.treeReduce(merge_records, depth=2)
+        pieces = self.pieces(tasks)
+        if not (scatter_partials and plan.op in PARTIAL_OPS and pieces > 1):
+            return rdd.treeReduce(merge_records, depth=2)
+        keyed = rdd.flatMap(functools.partial(scatter.split, pieces=pieces))
+        return scatter.join(keyed.reduceByKey(merge_records, pieces, scatter.partition).collect())
 
     def _last_job_id(self) -> int:
         return max(self.sc.statusTracker().getJobIdsForGroup(self.job_group) or [-1])

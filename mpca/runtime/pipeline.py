@@ -74,13 +74,15 @@ class ExchangePipeline:
     for the broadcast's download.  With one free slot per agent either one task per agent does both, after the
     download, or the two jobs share the slot, reduce first (``exchange_jobs``: ``one``, ``two`` or ``auto``,
     :class:`~mpca.runtime.layout.ExchangeLayout`); where the rule's agents need the delivery before they can
-    yield (``deliver_before_yield``: rounds) one task does both."""
+    yield (``deliver_before_yield``: rounds) one task does both.  ``reduce``: the contributions tree-reduced into
+    the driver (``tree``) or reduce-scattered over the executors first (``scatter``, :mod:`mpca.runtime.scatter`)."""
 
     def __init__(self, sc, run_id: str, secret: bytes, rule: DriverRule, algorithm: Algorithm, roster: AgentRoster,
                  codec: Codec, timeline: Optional[Timeline] = None, *, executors: int = 1,
                  observe: Optional[Callable[[float], Tuple[Dict[int, AgentReport], List[int]]]] = None,
                  silent: Optional[Callable[[float], List[int]]] = None,
-                 split_tasks: bool = False, task_timeout_s: float = 120.0, exchange_jobs: str = "auto"):
+                 split_tasks: bool = False, task_timeout_s: float = 120.0, exchange_jobs: str = "auto",
+                 reduce: str = "tree"):
         self.rule = rule
         self.exchange = algorithm.exchange
         self.cycle_interval_s = algorithm.cycle_interval_s
@@ -88,6 +90,7 @@ class ExchangePipeline:
         self.observe = observe
         self.split_tasks = split_tasks
         self.layout = ExchangeLayout(exchange_jobs)
+        self.scatter = reduce == "scatter"
         self.codec = codec
         self.jobs = ExchangeJobs(sc, run_id, secret, roster, codec, executors, task_timeout_s)
         self.broadcasts = Broadcasts(sc, codec)
@@ -102,7 +105,7 @@ class ExchangePipeline:
         self._handed_in: Dict[int, List[Tuple[int, WeightedSum, dict]]] = {}  # shard -> (agent, contribution, extra)
 
     def job_with_corrections(self, reduce: ExchangePlan, deliver: Optional[ExchangePlan], bc, description: str,
-                             rec: CycleRecord) -> ExchangeRecord:
+                             rec: CycleRecord, scatter: bool = False) -> ExchangeRecord:
         """Run the cycle's job (reduce and deliver tasks; deliver first where the rule needs it); if tasks
         landed where no unclaimed agent was, run corrective jobs for the agents still missing either — within
         the bounded wait, and never for agents already counted absent (hung or lost)."""
@@ -115,7 +118,7 @@ class ExchangePipeline:
         if deliver and not self.rule.deliver_before_yield:
             parts.reverse()  # reduce tasks first: they need no download and yield at once
         t0 = time.time()
-        result = self.jobs.run_parts(parts, description, "cycle")
+        result = self.jobs.run_parts(parts, description, "cycle", scatter_partials=scatter)
         rec.misplaced += len(result.misplaced)
         for attempt in range(MAX_CORRECTIONS):
             to_reduce = roster.missing_from(result.agents)
@@ -234,8 +237,11 @@ class ExchangePipeline:
                           reduce_numel=numel(r), params=params, counted=counted, pids=pids)
             deliver = None
         desc = f"mpca cycle {c}: reduce shard {r}" + (f", broadcast shard {staged.shard}" if staged else "")
-        rec = CycleRecord(c, r, staged.shard if staged else None, t_submit=time.time(), jobs=2 if two_jobs else 1)
-        fut = self._pool.submit(self.job_with_corrections, reduce, deliver, staged.bc if staged else None, desc, rec)
+        scatter = self.scatter and self.jobs.executors > 1  # on one executor there is nothing to scatter over
+        rec = CycleRecord(c, r, staged.shard if staged else None, t_submit=time.time(), jobs=2 if two_jobs else 1,
+                          scatter=scatter)
+        fut = self._pool.submit(self.job_with_corrections, reduce, deliver, staged.bc if staged else None, desc, rec,
+                                scatter)
         if self.lag == 2 and self._pending is not None:
             self._stage(*self._pending, rec, self.lag)  # concurrent with job c
             self._pending = None

@@ -76,7 +76,8 @@ class AgentRun:
                                          observe=self.service.observe if serves else None,
                                          silent=self.service.silent if serves else None,
                                          split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2,
-                                         exchange_jobs=settings.cluster.exchange_jobs)
+                                         exchange_jobs=settings.cluster.exchange_jobs,
+                                         reduce=settings.cluster.reduce)
         self.pipeline.restore_pending(pending)
         self._restore_wire(wire_state)
         self._train_df = train_df

@@ -46,6 +46,7 @@ class CycleRecord:
     t_submit: float
     t_end: float = 0.0
     jobs: int = 1  # Spark jobs of the cycle besides corrections: 2 where a reduce job and a deliver job ran
+    scatter: bool = False  # its contributions were reduce-scattered over the executors (mpca.runtime.scatter)
     stage_shard: Optional[int] = None
     stage_start: Optional[float] = None
     stage_end: Optional[float] = None
@@ -136,6 +137,7 @@ def _row(c: CycleRecord) -> dict:
         "handed_in": list(c.handed_in),
         "weight": {a: e.weight for a, e in sorted(c.agents.items())},
         "steps_per_s": {a: e.steps_per_s for a, e in sorted(c.agents.items())},
+        "scatter": c.scatter,  # last: the columns before it keep their places
     }
 
 

@@ -11,13 +11,13 @@ from mpca.trainer import Trainer
 from tests import helpers
 
 
-def _big_model_fit(spark, cycles, exchange_jobs="auto"):
+def _big_model_fit(spark, cycles, exchange_jobs="auto", reduce="tree"):
     rng = np.random.default_rng(0)
     df = to_dataframe(spark, rng.random((128, 10), dtype=np.float32), rng.integers(0, 10, 128), 2)
     fn = flat_model_fn(6_000_000)  # 24 MB: 8 MB shards, a broadcast that takes a while to fetch
     return Trainer(fn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(10,), batch_size=16, holdout=0.0,
                    max_cycles=cycles, eval_every_cycles=1000, spark=spark, algorithm=MPCA(shards=3),
-                   cluster={"exchange_jobs": exchange_jobs}).fit(df)
+                   cluster={"exchange_jobs": exchange_jobs, "reduce": reduce}).fit(df)
 
 
 @pytest.mark.cluster(executors=2, cores=3)
@@ -89,3 +89,34 @@ def test_spark_task_events_show_the_broadcast_fetch_and_the_reduce_at_work_insid
             seen.append((c.cycle, a, *(round(t - c.t_submit, 3) for t in (start, end, r.t_start, r.t_yield))))
     print(f"reduce at work during the fetch in {during}, yielded inside it in {inside}, of {len(seen)}")
     assert during >= len(seen) // 2, ("(cycle, agent, fetch start, fetch end, reduce start, yield)", seen)
+
+
+def test_a_reduce_scatter_sums_the_contributions_on_the_executors_in_a_shuffle(spark):
+    """``cluster.reduce: scatter``: every cycle's reduce job cuts each contribution into one piece per executor
+    and sums them in a second, shuffled stage; every agent contributes, and the joined reduction is the tree's
+    (the exact sums: by hand in tests/unit/test_scatter.py, through Spark's shuffle below)."""
+    fit = _big_model_fit(spark, 5, reduce="scatter")
+    assert all(c.scatter and sorted(c.agents) == [0, 1] and c.bytes_up > 0 for c in fit.timeline.cycles)
+    tracker = spark.sparkContext.statusTracker()
+    stages = [len(tracker.getJobInfo(j).stageIds) for j in tracker.getJobIdsForGroup(f"mpca-{fit.run_id}-exchange")]
+    assert stages.count(2) == fit.cycles, stages  # one two-stage reduce job per cycle, nothing else shuffles
+
+
+def test_the_shuffle_joins_to_the_trees_sum(spark):
+    """The pieces through Spark's own shuffle (pickled records, the piece partitioner) join to treeReduce's sum."""
+    import functools
+
+    from mpca.algorithm.rules import WeightedSum
+    from mpca.runtime import scatter
+    from mpca.runtime.record import ExchangeRecord, merge_records
+
+    rng = np.random.default_rng(1)
+    records = [ExchangeRecord(WeightedSum(rng.standard_normal(1001).astype(np.float32), float(i + 1)))
+               for i in range(4)]
+    rdd = spark.sparkContext.parallelize(records, 4)
+    tree = rdd.treeReduce(merge_records, depth=2)
+    out = scatter.join(rdd.flatMap(functools.partial(scatter.split, pieces=3))
+                       .reduceByKey(merge_records, 3, scatter.partition).collect())
+    assert out.partial.weight == tree.partial.weight == 10.0
+    np.testing.assert_allclose(out.partial.total, tree.partial.total, rtol=1e-6, atol=1e-5)
+    assert np.allclose(tree.partial.total, functools.reduce(merge_records, records).partial.total, atol=1e-5)
