@@ -9,8 +9,9 @@ task j, which adds them, and the driver collects P summed slices, one shard in a
 port carries (P − 1)/P of a shard each way, in parallel; the driver's carries one shard instead of K.
 
 The price is a second stage (its scheduling, the shuffle's write and fetch), whose tasks need a free task slot.
-Measured alone on the emulated cluster of 2 real cores with K = 4 and 1.5 MB shards: 1.5 s against 2.2 s for
-the tree at 30 Mbit, 1.0 against 0.86 s at 100 Mbit and 0.89 against 0.40 s without a link limit.  In mpca's
+Measured alone on the emulated cluster of 2 real cores with K = 4 and 1.5 MB shards (``python -m
+lab.collectives``, medians of 7): 1.52 s against 2.21 s for the tree at 30 Mbit, 1.16 against 0.99 s at
+100 Mbit and 1.20 against 0.67 s without a link limit.  In mpca's
 cycle at 30 Mbit it lost (3.3–4.0 s against 2.1–2.5 s): the broadcast's K copies out of the driver's port take
 as long as the tree's K shards in, and on executors of 2 cores the second stage waits for the deliver tasks'
 slot.  So ``cluster.reduce`` is ``tree`` unless chosen (README, "Decisions worth knowing").
