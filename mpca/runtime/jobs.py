@@ -20,7 +20,7 @@ PARTIAL_OPS = ("reduce", "cycle")  # the plans whose tasks carry a partial sum o
 
 class ExchangeJobs:
     def __init__(self, sc, run_id: str, secret: bytes, roster: AgentRoster, codec: Codec, executors: int = 1,
-                 task_timeout_s: float = 120.0):
+                 task_timeout_s: float = 120.0, reduce: str = "tree"):
         self.sc = sc
         self.run_id = run_id
         self.secret = secret
@@ -28,6 +28,7 @@ class ExchangeJobs:
         self.codec = codec
         self.executors = max(1, executors)
         self.task_timeout_s = task_timeout_s
+        self.scatter = reduce == "scatter"  # cluster.reduce: a cycle's partial sums reduce-scattered (scatters)
         self.counts: Dict[str, int] = {"cycle": 0, "deliver": 0, "correction": 0, "control": 0}  # jobs, by purpose
         self.job_group = f"mpca-{run_id}-exchange"
         # long-lived threads: PySpark's pinned thread mode gives each Python thread its own JVM thread and does not
@@ -48,8 +49,7 @@ class ExchangeJobs:
     def run(self, plan: ExchangePlan, tasks: int, bc, description: str, purpose: str = "control") -> ExchangeRecord:
         return self.run_parts([(plan, tasks, bc)], description, purpose)
 
-    def run_parts(self, parts: Sequence[tuple], description: str, purpose: str,
-                  scatter_partials: bool = False) -> ExchangeRecord:
+    def run_parts(self, parts: Sequence[tuple], description: str, purpose: str) -> ExchangeRecord:
         """One Spark job per ``(plan, tasks, broadcast or None)`` part, each tree-reduced, run concurrently and
         submitted in the order given (Spark's FIFO scheduler offers free task slots to the earlier job first);
         their records merged.
@@ -59,14 +59,13 @@ class ExchangeJobs:
         function references a broadcast fetches it before it starts) nor at a stage barrier (a union of more
         than a few partitions gets a treeReduce level, whose shuffle waits for every task of the stage, deliver
         tasks included).  A cycle's deliver job is counted apart (``deliver``), so ``cycle`` stays one per
-        cycle.  ``scatter_partials``: the parts whose tasks carry partial sums reduce-scatter them over the
-        executors (:meth:`pieces`) instead of tree-reducing them into the driver."""
+        cycle.  A cycle's part whose tasks carry partial sums is reduce-scattered where :meth:`scatters`."""
         if len(parts) == 1:
-            return self._job(*parts[0], description, purpose, scatter_partials)
+            return self._job(*parts[0], description, purpose)
         futures = []
         for i, (plan, tasks, bc) in enumerate(parts):
             seen = self._last_job_id()
-            futures.append(self._pool.submit(self._job, plan, tasks, bc, description, purpose, scatter_partials))
+            futures.append(self._pool.submit(self._job, plan, tasks, bc, description, purpose))
             if i + 1 < len(parts):
                 self._until_submitted(seen)
         wait(futures)  # every job has ended before one's error is raised
@@ -77,16 +76,21 @@ class ExchangeJobs:
         scatter, the tree it is)."""
         return max(1, min(tasks, self.executors))
 
-    def _job(self, plan: ExchangePlan, tasks: int, bc, description: str, purpose: str,
-             scatter_partials: bool = False) -> ExchangeRecord:
+    def scatters(self, plan: ExchangePlan, tasks: int, purpose: str = "cycle") -> bool:
+        """Whether a job of ``tasks`` tasks doing ``plan`` reduce-scatters its partial sums over the executors
+        (:mod:`mpca.runtime.scatter`): with ``cluster.reduce: scatter``, for a cycle's job whose tasks carry
+        partial sums, over more than one executor; corrective and control jobs keep the tree."""
+        return self.scatter and purpose == "cycle" and plan.op in PARTIAL_OPS and self.pieces(tasks) > 1
+
+    def _job(self, plan: ExchangePlan, tasks: int, bc, description: str, purpose: str) -> ExchangeRecord:
         self.counts["deliver" if purpose == "cycle" and plan.op == "deliver" else purpose] += 1
         if plan.op == "deliver":
             description = f"{description} (deliver)"
         self.sc.setJobGroup(self.job_group, description, interruptOnCancel=True)  # per thread (pinned threads)
         rdd = self.sc.parallelize(range(tasks), tasks).mapPartitions(functools.partial(exchange_partition, plan, bc))
-        pieces = self.pieces(tasks)
-        if not (scatter_partials and plan.op in PARTIAL_OPS and pieces > 1):
+        if not self.scatters(plan, tasks, purpose):
             return rdd.treeReduce(merge_records, depth=2)
+        pieces = self.pieces(tasks)
         keyed = rdd.flatMap(functools.partial(scatter.split, pieces=pieces))
         return scatter.join(keyed.reduceByKey(merge_records, pieces, scatter.partition).collect())
 

@@ -90,9 +90,8 @@ class ExchangePipeline:
         self.observe = observe
         self.split_tasks = split_tasks
         self.layout = ExchangeLayout(exchange_jobs)
-        self.scatter = reduce == "scatter"
         self.codec = codec
-        self.jobs = ExchangeJobs(sc, run_id, secret, roster, codec, executors, task_timeout_s)
+        self.jobs = ExchangeJobs(sc, run_id, secret, roster, codec, executors, task_timeout_s, reduce)
         self.broadcasts = Broadcasts(sc, codec)
         self.timeline = timeline or Timeline()
         self.S = rule.num_shards
@@ -105,7 +104,7 @@ class ExchangePipeline:
         self._handed_in: Dict[int, List[Tuple[int, WeightedSum, dict]]] = {}  # shard -> (agent, contribution, extra)
 
     def job_with_corrections(self, reduce: ExchangePlan, deliver: Optional[ExchangePlan], bc, description: str,
-                             rec: CycleRecord, scatter: bool = False) -> ExchangeRecord:
+                             rec: CycleRecord) -> ExchangeRecord:
         """Run the cycle's job (reduce and deliver tasks; deliver first where the rule needs it); if tasks
         landed where no unclaimed agent was, run corrective jobs for the agents still missing either — within
         the bounded wait, and never for agents already counted absent (hung or lost)."""
@@ -118,7 +117,8 @@ class ExchangePipeline:
         if deliver and not self.rule.deliver_before_yield:
             parts.reverse()  # reduce tasks first: they need no download and yield at once
         t0 = time.time()
-        result = self.jobs.run_parts(parts, description, "cycle", scatter_partials=scatter)
+        rec.scatter = self.jobs.scatters(reduce, first)
+        result = self.jobs.run_parts(parts, description, "cycle")
         rec.misplaced += len(result.misplaced)
         for attempt in range(MAX_CORRECTIONS):
             to_reduce = roster.missing_from(result.agents)
@@ -237,11 +237,8 @@ class ExchangePipeline:
                           reduce_numel=numel(r), params=params, counted=counted, pids=pids)
             deliver = None
         desc = f"mpca cycle {c}: reduce shard {r}" + (f", broadcast shard {staged.shard}" if staged else "")
-        scatter = self.scatter and self.jobs.executors > 1  # on one executor there is nothing to scatter over
-        rec = CycleRecord(c, r, staged.shard if staged else None, t_submit=time.time(), jobs=2 if two_jobs else 1,
-                          scatter=scatter)
-        fut = self._pool.submit(self.job_with_corrections, reduce, deliver, staged.bc if staged else None, desc, rec,
-                                scatter)
+        rec = CycleRecord(c, r, staged.shard if staged else None, t_submit=time.time(), jobs=2 if two_jobs else 1)
+        fut = self._pool.submit(self.job_with_corrections, reduce, deliver, staged.bc if staged else None, desc, rec)
         if self.lag == 2 and self._pending is not None:
             self._stage(*self._pending, rec, self.lag)  # concurrent with job c
             self._pending = None

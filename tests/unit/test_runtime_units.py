@@ -210,7 +210,7 @@ def test_with_fewer_agents_than_executors_jobs_reach_every_executor_at_once(monk
     p = _pipeline(executors=2)
     p.roster.agents = [0]
     monkeypatch.setattr(p.jobs, "run", fake)
-    monkeypatch.setattr(p.jobs, "run_parts", lambda parts, d, purpose, **kw: fake(parts[0][0], parts[0][1], None, d))
+    monkeypatch.setattr(p.jobs, "run_parts", lambda parts, d, purpose: fake(parts[0][0], parts[0][1], None, d))
     control.hello(p.jobs, 1, 5.0, lambda: True)
     plan = p.jobs.plan("c0", "reduce")
     p.job_with_corrections(plan, None, None, "cycle 0", Rec(0, 0, None, t_submit=0.0))
@@ -219,7 +219,7 @@ def test_with_fewer_agents_than_executors_jobs_reach_every_executor_at_once(monk
     agents.append(1)
     p = _pipeline(executors=2)  # two agents on two executors: exactly K tasks, as before
     monkeypatch.setattr(p.jobs, "run", fake)
-    monkeypatch.setattr(p.jobs, "run_parts", lambda parts, d, purpose, **kw: fake(parts[0][0], parts[0][1], None, d))
+    monkeypatch.setattr(p.jobs, "run_parts", lambda parts, d, purpose: fake(parts[0][0], parts[0][1], None, d))
     monkeypatch.setattr(p.roster, "track", lambda rec, result: None)
     p.job_with_corrections(plan, None, None, "cycle 0", Rec(0, 0, None, t_submit=0.0))
     assert sent[0][1] == 2

@@ -72,3 +72,23 @@ def test_pieces_that_disagree_on_the_weight_are_refused():
 def test_nothing_collected_joins_to_an_empty_record():
     out = join([])
     assert out.partial.total is None and out.partial.weight == 0.0 and not out.agents
+
+
+def test_only_a_cycles_partial_sums_over_several_executors_are_scattered():
+    from mpca.runtime.jobs import ExchangeJobs
+    from mpca.runtime.roster import AgentRoster
+
+    jobs = ExchangeJobs(None, "r", b"s", AgentRoster([0, 1, 2, 3]), Codec(), executors=4, reduce="scatter")
+    try:
+        reduce, cycle, deliver = (jobs.plan("c", op) for op in ("reduce", "cycle", "deliver"))
+        assert jobs.scatters(reduce, 4) and jobs.scatters(cycle, 4) and jobs.pieces(4) == 4
+        assert not jobs.scatters(deliver, 4)  # no partial sum
+        assert not jobs.scatters(reduce, 4, "correction")  # corrective jobs keep the tree
+        assert not jobs.scatters(reduce, 1) and jobs.pieces(1) == 1  # one task: nothing to scatter over
+        jobs.executors = 1
+        assert not jobs.scatters(reduce, 4)  # one executor: nothing to scatter over
+    finally:
+        jobs.close()
+    tree = ExchangeJobs(None, "r", b"s", AgentRoster([0, 1]), Codec(), executors=4)
+    assert not tree.scatters(tree.plan("c", "reduce"), 4)  # cluster.reduce's default
+    tree.close()
