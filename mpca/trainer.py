@@ -19,7 +19,7 @@ import torch
 
 from mpca.algorithm import DriverRule
 from mpca.config import Settings, settings_from
-from mpca.errors import UserError
+from mpca.errors import RunFailedError, UserError
 from mpca.evaluation import BackgroundEvaluator, EvalResult, SampleRate, evaluate
 from mpca.runtime.reports import RunCounters
 from mpca.runtime.timeline import Timeline
@@ -48,7 +48,8 @@ class FitResult:
     driver_rule: DriverRule  # the algorithm's driver side after the run (its joint model and state)
     agents_up_s: Optional[float] = None  # wall time (same clock as the history) when every agent had answered
     first_exchange_s: Optional[float] = None  # when the first cycle had handed agents a shard of the joint model
-    prepare_s: Optional[float] = None  # the driver's work between fit's call and the clock's 0 (split, holdout, checks)
+    prepare_s: Optional[float] = None  # the driver's work between fit's call and the clock's 0 (the model, the first
+    # rows' check; the holdout's read where the agents do not set it aside, mpca.data.holdout)
     startup: Dict[int, Dict[str, float]] = field(default_factory=dict)  # per agent: AgentRun.startup_phases
 
 
@@ -90,6 +91,13 @@ class Trainer:
         return s
 
     def _split(self, df):
+        """(training rows, holdout features, holdout labels): :meth:`_frames` and :meth:`_holdout` at once."""
+        _, train, hold = self._frames(df)
+        return (train, *self._holdout(hold))
+
+    def _frames(self, df):
+        """(every row, train, holdout) DataFrames of ``df``'s features and label (ML vectors as arrays): the
+        split by each row's hash, no job."""
         from mpca.data.checks import check_columns
 
         d = self.settings.data
@@ -100,18 +108,23 @@ class Trainer:
             from pyspark.ml.functions import vector_to_array
 
             df = df.withColumn(d.features, vector_to_array(d.features, "float32"))
-        from mpca.data.split import evaluation_rows, hash_split
+        from mpca.data.split import hash_split
 
         if d.holdout > 0:  # by the rows' content: no per-partition sort as randomSplit needs (mpca.data.split)
             train, hold = hash_split(df, d.features, d.label, d.holdout, self.settings.seed)
         else:
             train, hold = df, df.limit(0)
+        return df.select(d.features, d.label), train.select(d.features, d.label), hold
+
+    def _holdout(self, hold):
+        """The holdout rows the driver scores on, as tensors (a Spark job: a scan of the data)."""
         from mpca.compat import to_arrow
         from mpca.data.checks import tensors
+        from mpca.data.split import evaluation_rows
 
+        d = self.settings.data
         table = to_arrow(evaluation_rows(hold, d.features, d.label, self.settings.seed, d.holdout_max_rows))
-        hx, hy = tensors(table, d.features, d.label, d.input_shape)
-        return train.select(d.features, d.label), hx, hy
+        return tensors(table, d.features, d.label, d.input_shape)
 
     def _calibration(self, model, train_df) -> Optional[torch.Tensor]:
         """Training inputs for BatchNorm statistics when the agents keep theirs (``buffers="local"``)."""
@@ -174,6 +187,7 @@ class Trainer:
         from mpca.stopping import StopRules
 
         from mpca.data.checks import NO_ROWS, check_dataframe, labels_problem
+        from mpca.data.holdout import with_row_hash
         from mpca.runtime.cluster import require_classic
 
         called = time.time()
@@ -186,34 +200,65 @@ class Trainer:
         specs = [(t.name, t.numel, str(t.dtype)) for t in layout.specs]
         ck = self._restore(model, specs)
         first_cycle, prior_wall = (ck.cycle, ck.wall_s) if ck else (0, 0.0)
-        train_df, hx, hy = self._split(df)
-        d = st.data  # the first rows: empty data, bad labels, a model or loss that cannot take them — one line
+        rows_df, train_df, hold_df = self._frames(df)
+        d = st.data
+        # The agents set the holdout aside as their rows arrive (mpca.data.holdout: the driver's own read of it
+        # was a second scan of every row), except in an elastic run, whose agents may come later, or without an
+        # input shape (the rows' width comes from the data): the driver reads it first, as before.
+        on_agents = not st.training.elastic and d.holdout > 0 and bool(d.input_shape)
         classes = check_dataframe(train_df, d.features, d.label, d.input_shape, self.model_fn, self.loss_fn,
                                   self.optimizer_fn, full=False)  # the first rows: each agent checks all of its own
-        problem = labels_problem(hy, classes, d.label)  # the holdout is on the driver: all of it
-        if problem:
-            raise UserError(f"{problem} (found in the holdout rows)")
-        calibration = self._calibration(model, train_df)
+        ready: Dict[str, object] = {"calibration": self._calibration(model, train_df)}
+
+        def check_holdout(hy):
+            problem = labels_problem(hy, classes, d.label)  # the holdout is on the driver: all of it
+            if problem:
+                raise UserError(f"{problem} (found in the holdout rows)")
+
+        if not on_agents:
+            ready["hx"], ready["hy"] = self._holdout(hold_df)
+            check_holdout(ready["hy"])
         if hasattr(self.on_cycle, "start"):  # a tracker (mpca.tracking): params before the run
             self.on_cycle.start(st)
-        run = AgentRun(spark, train_df, model=model, model_fn=self.model_fn, loss_fn=self.loss_fn,
+        agents_df = with_row_hash(rows_df, d.features, d.label, st.seed) if on_agents else train_df
+        run = AgentRun(spark, agents_df, model=model, model_fn=self.model_fn, loss_fn=self.loss_fn,
                        optimizer_fn=self.optimizer_fn, settings=st, driver_state=ck.driver_state if ck else None,
-                       pending=ck.pending if ck else None, wire_state=ck.wire if ck else None, classes=classes)
+                       pending=ck.pending if ck else None, wire_state=ck.wire if ck else None, classes=classes,
+                       holdout_on_agents=on_agents)
+        initial = run.joint_vectors()  # the curve's first point: the model before any agent steps
         t0 = time.time() - prior_wall
         out = _Outcome(history=[], first_cycle=first_cycle, t0=t0, cycles=first_cycle, prepare_s=time.time() - called)
         stop = StopRules(st.stop, t0, self.stop_requested)
         progress = Progress(st.progress, st.stop.target_error)
-        evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, hx, hy, self.loss_fn, calibration)
+        evaluator: Optional[BackgroundEvaluator] = None
         saver = BackgroundSaver(st.checkpoint.dir, st.checkpoint.keep)
+
+        def scoring(wait_s: float = 0.0) -> bool:
+            """Whether the evaluator is there: built once the holdout is (the agents set it aside as their rows
+            arrive: asked for once every agent has all of them, or after ``wait_s`` of asking)."""
+            nonlocal evaluator
+            if evaluator is not None:
+                return True
+            if "hx" not in ready:
+                got = run.holdout_rows(wait_s) if wait_s or run.rows_loaded() else None
+                if got is None:
+                    return False
+                ready["hx"], ready["hy"] = got
+                check_holdout(ready["hy"])
+            evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, ready["hx"], ready["hy"],
+                                            self.loss_fn, ready["calibration"])
+            if first_cycle == 0:  # the starting point of the curve: the initial model, before any agent stepped
+                evaluator.submit(initial, -1, 0.0, {}, 0.0, run.metrics)
+            return True
+
         try:
-            if first_cycle == 0:  # the starting point of the curve: the initial model, before any agent starts
-                evaluator.submit(run.joint_vectors(), -1, time.time() - t0, {}, 0.0, run.metrics)
             with run:
                 out.agents_up_s = time.time() - t0
                 out.startup = run.startup_phases(t0)
-                rows = sum(int(r.rows or 0) for r in run.agent_info.values())
+                rows = sum(int(r.rows or 0) for r in run.agent_info.values())  # there yet: some may still arrive
                 if rows == 0 and not st.training.elastic:  # every row went to the holdout (a tiny data set)
                     raise UserError(NO_ROWS)
+                scoring()
                 rate = SampleRate()
                 rate.observe(run.agent_info)  # the agents' counts at start: a rate from the first cycle on
                 c, last_eval, eval_wanted = first_cycle, time.time(), False
@@ -223,20 +268,22 @@ class Trainer:
                     if out.first_exchange_s is None and rec.bcast_shard is not None and rec.delivered:
                         out.first_exchange_s = time.time() - t0  # the pipeline's first useful exchange
                     reports = run.latest_reports()
+                    rows = sum(int(r.rows or 0) for r in {**run.agent_info, **reports}.values())
                     samples = sum(int(r.samples or 0) for r in reports.values())
                     epochs = samples / rows if rows else 0.0
                     sps = rate.observe(reports)
                     membership = run.membership()  # (agents present, agents the run has now)
                     eval_wanted = eval_wanted or self._eval_due(c - first_cycle, last_eval)
-                    if eval_wanted and evaluator.submit(run.joint_vectors(), c, time.time() - t0, rec.agents, epochs,
-                                                        run.metrics, sps, present=membership[0]):
+                    if eval_wanted and scoring() and evaluator.submit(
+                            run.joint_vectors(), c, time.time() - t0, rec.agents, epochs, run.metrics, sps,
+                            present=membership[0]):
                         last_eval, eval_wanted = time.time(), False  # a due one the evaluator was busy for: next cycle
                     if st.checkpoint.dir and out.cycles % st.checkpoint.every_cycles == 0:
                         saver.submit(self._snapshot(run, model, out.cycles, specs, time.time() - t0))
                     progress.update(out.cycles, None, sum(sps.values()) if sps else None,
                                     agents=membership)
                     met = False
-                    for row in evaluator.drain():
+                    for row in evaluator.drain() if evaluator is not None else []:
                         snapshot = row.pop("_snapshot")
                         out.history.append(row)
                         progress.update(out.cycles, row["holdout_error"], row["samples_per_s"])
@@ -248,15 +295,20 @@ class Trainer:
                     # optional throttle: fewer cycles leave more CPU to the agents where cores are shared
                     time.sleep(max(0.0, st.algorithm.cycle_interval_s - (time.time() - rec.t_submit)))
                     c += 1
+                if not scoring(st.cluster.agent_start_timeout_s):  # a run that ended before every row arrived
+                    raise RunFailedError(f"the agents' rows did not all arrive within "
+                                         f"{st.cluster.agent_start_timeout_s:.0f}s of the run's end; check the "
+                                         "executors' logs")
         except BaseException:
             if hasattr(self.on_cycle, "finish"):
                 self.on_cycle.finish(None)  # the tracker's run ends as failed
             raise
         finally:
-            evaluator.close()
+            if evaluator is not None:
+                evaluator.close()
             saver.close()
             progress.close()
-        result = self._finish(run, model, specs, saver, out, hx, hy, calibration)
+        result = self._finish(run, model, specs, saver, out, ready["hx"], ready["hy"], ready["calibration"])
         if hasattr(self.on_cycle, "finish"):
             self.on_cycle.finish(result)
         return result

@@ -1,5 +1,6 @@
 """Models and functions used by integration tests (shipped to executors by value)."""
 import os
+import time
 
 import numpy as np
 import torch
@@ -10,6 +11,13 @@ from mpca.models import SmallCNN
 
 def small_cnn():
     return SmallCNN(8)
+
+
+def slowly(batches):
+    """A mapInArrow body: a source that takes its time, 0.5 s a batch (longer than a Python worker takes to start)."""
+    for b in batches:
+        time.sleep(0.5)
+        yield b
 
 
 def adam(params):

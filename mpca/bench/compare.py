@@ -138,7 +138,8 @@ def _median(values: List[float]) -> float:
     return statistics.median(vals) if len(vals) == len(values) and vals else math.nan
 
 
-STARTUP_PHASES = ("task_started_s", "data_s", "build_s")  # FitResult.startup's per-agent phases
+STARTUP_PHASES = ("task_started_s", "data_s", "build_s", "rows_there_s")  # per agent: FitResult.startup's, and
+# when its rows were all there (its summary's load_s, on the run's clock: it trained on the first ones meanwhile)
 
 
 def ratio_run(results: Dict[str, dict]) -> dict:
@@ -151,10 +152,13 @@ def ratio_run(results: Dict[str, dict]) -> dict:
 
 
 def startup_medians(fit) -> Dict[str, float]:
-    """The median over the agents of each start-up phase: when its Spark task started (on the run's clock),
-    its data read and its build (seconds); NaN for a phase no agent reported."""
-    return {k: _median([_nan(p.get(k)) for p in fit.startup.values()]) if fit.startup else math.nan
-            for k in STARTUP_PHASES}
+    """The median over the agents of each start-up phase: when its Spark task started (on the run's clock), the
+    wait for its first rows, its build, and when all of its rows were there (on the run's clock; seconds); NaN
+    for a phase no agent reported."""
+    load = {s.get("agent"): s.get("load_s") for s in fit.agents}
+    phases = {a: {**p, "rows_there_s": p.get("task_started_s", math.nan) + _nan(load.get(a))}
+              for a, p in (fit.startup or {}).items()}
+    return {k: _median([_nan(p.get(k)) for p in phases.values()]) if phases else math.nan for k in STARTUP_PHASES}
 
 
 def agent_starts(fit) -> List[float]:
@@ -366,7 +370,8 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
                     "MB per cycle": r["bytes_per_cycle"] / 1e6,
                     "duty cycle": r["duty_cycle"], "driver prep s": _nan(r.get("prepare_s")),
                     "tasks started s": _nan(r.get("startup", {}).get("task_started_s")),
-                    "data read s": _nan(r.get("startup", {}).get("data_s")),
+                    "first rows s": _nan(r.get("startup", {}).get("data_s")),
+                    "all rows s": _nan(r.get("startup", {}).get("rows_there_s")),
                     "start-up s": _nan(r.get("agents_up_s")),
                     "first exchange s": _nan(r.get("first_exchange_s")), "samples/s": r.get("samples_per_s", math.nan),
                     "agents' cores": r.get("cpu", {}).get("agents", math.nan)})

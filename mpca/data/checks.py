@@ -4,8 +4,8 @@ Each failure is a :class:`~mpca.errors.UserError` with one line saying what is w
 an empty data set, labels outside the model's classes, a model that cannot take the rows, an output the
 loss cannot use, an ``optimizer_fn`` that raises.  ``mpca train`` runs them on local Parquet data before
 Spark starts (:func:`check_parquet`); the Trainer runs them on the DataFrame's first rows before the agents'
-job (:func:`check_dataframe` with ``full=False``), and every agent checks the labels of all its rows as it
-loads them (:func:`labels_problem`): no pass over the whole data set before training — that pass was a
+job (:func:`check_dataframe` with ``full=False``), and every agent checks the labels of all its rows as they
+arrive (:func:`labels_problem`): no pass over the whole data set before training — that pass was a
 second read of every row (measured: 3.1–3.6 s of the 1 M-row benchmark task's start-up on this machine) and
 grows with the data.  A dry run (``mpca train --dry-run``) still aggregates every row on the driver.
 """

@@ -27,11 +27,11 @@ def hash_split(df, features: str, label: str, fraction: float, seed: int):
     from pyspark.sql import functions as F
 
     cut = holdout_cut(fraction)
-    bucket = F.pmod(_row_hash(features, label, seed), F.lit(BUCKETS))
+    bucket = F.pmod(row_hash_column(features, label, seed), F.lit(BUCKETS))
     return df.where(bucket >= cut), df.where(bucket < cut)
 
 
-def _row_hash(features: str, label: str, seed: int):
+def row_hash_column(features: str, label: str, seed: int):
     from pyspark.sql import functions as F
 
     return F.xxhash64(F.lit(int(seed)), F.col(features), F.col(label))
@@ -57,7 +57,7 @@ def evaluation_rows(holdout, features: str, label: str, seed: int, max_rows: int
             yield batch.slice(0, left)
             left -= min(left, batch.num_rows)
 
-    return columns.mapInArrow(first_rows, columns.schema).orderBy(_row_hash(features, label, seed)).limit(n)
+    return columns.mapInArrow(first_rows, columns.schema).orderBy(row_hash_column(features, label, seed)).limit(n)
 
 
 def holdout_mask(features, labels, fraction: float, seed: int):

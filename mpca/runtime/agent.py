@@ -27,6 +27,7 @@ from mpca.algorithm import AgentContext, AgentRule, Algorithm, ShardLayout, buil
 from mpca.algorithm.wire import Codec, ErrorFeedback
 from mpca.config import DataSection, TrainingSection, WireSection
 from mpca.data.checks import label_counts, labels_problem
+from mpca.data.stream import ramp_rows
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError, listen
 from mpca.runtime.cluster import visible_gpus
@@ -61,6 +62,7 @@ class AgentSpec:
     service: Optional[Tuple[str, int]] = None  # the driver's parameter service, for agent-initiated algorithms
     rendezvous: Dict[str, Any] = field(default_factory=dict)
     classes: Optional[int] = None  # the model's class count for class-index labels: every agent checks its rows
+    holdout: Optional[Tuple[int, int]] = None  # (cut, max_rows): its rows come hashed, it sets the holdout aside
 
     @property
     def codec(self) -> Codec:
@@ -149,8 +151,14 @@ class Agent:
 
     def __init__(self, spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
                  gpu_addresses: Optional[List[str]] = None, attempt: int = 0, data_on_host: bool = False,
-                 task_started: Optional[float] = None, data_loaded: Optional[float] = None):
+                 task_started: Optional[float] = None, data_loaded: Optional[float] = None, holdout=None,
+                 loading=None):
         self.spec = spec
+        self.holdout = holdout  # its holdout rows (mpca.data.holdout.HoldoutKeeper), where it set them aside
+        # its rows while they still arrive (mpca.data.stream.LoadingRows; ``features``/``labels`` the first ones):
+        # it trains on the ramp until they are all there
+        self.loading = loading
+        self.ramp_steps: Optional[int] = None  # steps it made before its rows were all there
         self.id = agent_id
         self.attempt = attempt
         # a replacement (Spark retried the task: its executor was lost) must not start from the initial model
@@ -165,9 +173,10 @@ class Agent:
         self.optimizer = spec.optimizer_fn(self.model.parameters())
         self.shards = spec.layout.bind_module(self.model, spec.algorithm.buffers)
         self.data_on_host = data_on_host  # memory-mapped from local disk: batches move to the device one by one
-        self.features = features if data_on_host else features.to(self.device)
-        self.label_counts = label_counts(labels)  # before the move to the device
-        self.labels = labels if data_on_host else labels.to(self.device)
+        on_host = data_on_host or loading is not None  # rows that are not all there move to the device batch by batch
+        self.features = features if on_host else features.to(self.device)
+        self.label_counts = label_counts(labels)  # before the move to the device (of the rows there at its start)
+        self.labels = labels if on_host else labels.to(self.device)
         self.lock = threading.Lock()
         self._waiting = 0  # exchange requests waiting for the step lock
         self._waiting_lock = threading.Lock()
@@ -271,7 +280,6 @@ class Agent:
     def train_forever(self) -> None:
         if self.error:  # its rows were refused: it answers until stopped, so that the driver says why
             return
-        n = self.features.shape[0]
         gen = torch.Generator().manual_seed(self.spec.seed + 7919 * self.id)
         bs = self.spec.training.batch_size
         self.model.train()
@@ -280,7 +288,9 @@ class Agent:
         try:
             while self.joining and not self._should_stop():  # a replacement: no steps before the joint model
                 time.sleep(0.02)
-            while not self._should_stop():
+            ramped = self.loading is None or self._ramp(gen, bs)  # its rows all there (else: stopped, refused)
+            n = self.features.shape[0]
+            while ramped and not self._should_stop():
                 if n == 0:  # an empty partition: nothing to learn from, contribute weight 0
                     time.sleep(0.05)
                     if time.time() - self.last_contact > self.spec.idle_timeout_s:
@@ -294,24 +304,68 @@ class Agent:
                     if self._should_stop():
                         break
                     idx = order[lo:lo + bs]
-                    started = self.device_clock.start(self.exchange_s)
                     if self.data_on_host:  # rows in file order: fewer, longer reads from the page cache
-                        idx = idx.sort().values
-                        self.step(self.features[idx].to(self.device), self.labels[idx].to(self.device))
+                        self._timed_step(self.features, self.labels, idx.sort().values)
                     else:
-                        self.step(self.features[idx], self.labels[idx])
-                    self.device_clock.finish(started, self.exchange_s)  # unlocked: the exchange is served meanwhile
-                    t = time.perf_counter()
-                    self.rule.between_steps()  # may wait for a round or talk to the parameter service
-                    self.exchange_s += time.perf_counter() - t
-                if time.time() - self.last_contact > self.spec.idle_timeout_s:
-                    self.error = f"agent {self.id}: no exchange for {self.spec.idle_timeout_s:.0f}s; driver presumed gone"
+                        self._timed_step(self.features, self.labels, idx)
+                if self._driver_gone():
                     break
             if self.leaving:  # its executor is being decommissioned: hand in what it holds, then say so
                 self._hand_in()
                 log.warning("agent %s left the run (its executor is being decommissioned)", self.id)
         except Exception:
             self.error = f"agent {self.id} training failed:\n{traceback.format_exc()}"
+
+    def _timed_step(self, features: torch.Tensor, labels: torch.Tensor, idx: torch.Tensor) -> None:
+        """One training step on rows ``idx`` (moved to the device where they are not there), on the emulated
+        device's clock, then the rule's hook between steps."""
+        started = self.device_clock.start(self.exchange_s)
+        x, y = features[idx], labels[idx]
+        self.step(x.to(self.device), y.to(self.device))
+        self.device_clock.finish(started, self.exchange_s)  # unlocked: the exchange is served meanwhile
+        t = time.perf_counter()
+        self.rule.between_steps()  # may wait for a round or talk to the parameter service
+        self.exchange_s += time.perf_counter() - t
+
+    def _driver_gone(self) -> bool:
+        if time.time() - self.last_contact > self.spec.idle_timeout_s:
+            self.error = f"agent {self.id}: no exchange for {self.spec.idle_timeout_s:.0f}s; driver presumed gone"
+            return True
+        return False
+
+    def _ramp(self, gen: torch.Generator, bs: int) -> bool:
+        """Training while its rows arrive (:mod:`mpca.data.stream`): ramp step r draws its batch from the first
+        ``ramp_rows(r)`` rows, waiting where fewer are there yet; once they are all there and the ramp covers
+        them, every row goes to the device for the epochs.  False where it must not go on (stopped, its rows
+        refused or unreadable, the driver gone)."""
+        loading, r = self.loading, 0
+        while not self._should_stop():
+            while self.joining and not self._should_stop():
+                time.sleep(0.02)
+            want = ramp_rows(r)
+            there = loading.wait(want, timeout=0.05)
+            if loading.problem or loading.error is not None:
+                self.user_error = loading.problem is not None
+                self.error = (f"{loading.problem} (found in agent {self.id}'s rows)" if loading.problem else
+                              f"agent {self.id} could not read its rows: {loading.error!r}")
+                return False
+            if loading.done and there <= want:
+                break
+            if there < want:  # its steps outran the rows' arrival
+                if self._driver_gone():
+                    return False
+                continue
+            features, labels = loading.view()
+            self._timed_step(features, labels, torch.randint(want, (bs,), generator=gen))
+            r += 1
+        if self._should_stop():
+            return False
+        features, labels = loading.rows()
+        self.features = features if self.data_on_host else features.to(self.device)
+        self.labels = labels if self.data_on_host else labels.to(self.device)
+        self.ramp_steps = r
+        log.info("agent %s: all %d rows there after %d ramp steps", self.id, len(labels), r)
+        return True
 
     @contextlib.contextmanager
     def _served(self):
@@ -369,19 +423,26 @@ class Agent:
         rate = (self.steps - s0) / (now - t0) if now > t0 else 0.0
         self._rate_mark = (now, self.steps)
         return {"steps": self.steps, "samples": self.samples, "loss": self.last_loss, "steps_per_s": rate,
-                "executor": self.executor,
+                "executor": self.executor, **self._rows_state(),
                 "exchange_s": self.exchange_s, "alive_s": now - self.started, "attempt": self.attempt,
                 **self.device_clock.counters()}
 
+    def _rows_state(self) -> dict:
+        """Its rows there and whether more are arriving (with every answer, the parameter service's too)."""
+        if self.loading is None:
+            return {"rows": int(self.features.shape[0]), "loading": False}
+        return {"rows": self.loading.ready(), "loading": not self.loading.done}
+
     def startup(self) -> Dict[str, float]:
-        """Seconds on this agent's clock: its data read (task start to rows loaded), building its model and
-        channels, and since its task started (the driver subtracts that from when the answer came)."""
+        """Seconds on this agent's clock: its wait for its rows (task start to its first rows — all of them where
+        they may spill to disk), building its model and channels, and since its task started (the driver
+        subtracts that from when the answer came)."""
         start, loaded, built = self._startup
         return {"data_s": loaded - start, "build_s": built - loaded, "since_start_s": time.time() - start}
 
     def report(self, **kw) -> AgentReport:
         return AgentReport(agent=self.id, executor=self.executor, pid=os.getpid(), device=str(self.device),
-                           gpu=self.gpu_addresses, rows=int(self.features.shape[0]), steps=self.steps,
+                           gpu=self.gpu_addresses, **self._rows_state(), steps=self.steps,
                            samples=self.samples, error=self.error, user_error=self.user_error, resets=self.resets,
                            attempt=self.attempt,
                            joining=self.joining, lost=self.lost, **kw)
@@ -437,6 +498,14 @@ class Agent:
         self.last_contact = time.time()
         if op == "hello":
             return self.report().to_dict(), None
+        if op == "holdout":  # the rows it set aside (mpca.data.holdout): first their hashes, then rows up to one
+            if self.loading is not None and not self.loading.done:
+                return {"loading": True}, None
+            if "up_to" not in header:
+                return {"hashes": self.holdout.hashes() if self.holdout else []}, None
+            if self.holdout is None:
+                return {"rows": 0, "hashes": [], "label_dtype": "int64"}, None
+            return self.holdout.rows_up_to(int(header["up_to"]))
         if op == "claim":
             token = str(header["token"])
             with self._served():
@@ -542,7 +611,7 @@ class Agent:
     def summary(self) -> dict:
         return {**self.report(exchange_s=self.exchange_s, alive_s=time.time() - self.started,
                               **self.device_clock.counters()).to_dict(),
-                "wall_s": time.time() - self.started, "data_on_disk": self.data_on_host}
+                "wall_s": time.time() - self.started, "data_on_disk": self.data_on_host, "ramp_steps": self.ramp_steps}
 
     def close(self) -> None:
         try:
@@ -560,7 +629,7 @@ def _np_dtype(dtype: torch.dtype):
 def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
               gpu_addresses: Optional[List[str]] = None, attempt: int = 0, slot: Optional[str] = None,
               data_on_host: bool = False, task_started: Optional[float] = None,
-              data_loaded: Optional[float] = None) -> dict:
+              data_loaded: Optional[float] = None, holdout=None, loading=None) -> dict:
     """Run one agent in this Spark task until the driver says stop; return its summary.
 
     Takes an exclusive lock per (executor, device slot) so that a retried agent
@@ -578,7 +647,8 @@ def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: to
     sock_path = placement.agent_socket(spec.run_id, agent_id)
     srv = agent = None
     try:
-        agent = Agent(spec, agent_id, features, labels, gpu_addresses, attempt, data_on_host, task_started, data_loaded)
+        agent = Agent(spec, agent_id, features, labels, gpu_addresses, attempt, data_on_host, task_started, data_loaded,
+                      holdout, loading)
         srv = listen(sock_path)
         server = threading.Thread(target=agent.serve, args=(srv,), daemon=True)
         server.start()

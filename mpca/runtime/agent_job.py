@@ -3,7 +3,9 @@
 The agents' job is ``train_df.coalesce(K).mapInArrow(agent_task, profile=...)`` (``repartition(K)`` when the
 data has fewer than K partitions or ``data.shuffle`` asks for it):
 each task receives its own partitions as Arrow record batches (never collected
-to the driver), turns them into tensors and runs :func:`mpca.runtime.agent.run_agent`
+to the driver), turns them into tensors in a thread as they arrive (:mod:`mpca.data.stream`; all of them first
+where ``data.agent_memory_mb`` may spill them to disk), setting the holdout rows aside where the trainer asks
+(:mod:`mpca.data.holdout`), and runs :func:`mpca.runtime.agent.run_agent` from its first rows on
 until the driver stops it.  No barrier mode: it refuses dynamic allocation and
 is not retried when one task fails.
 """
@@ -32,7 +34,7 @@ def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.
     import torch
     from pyspark import TaskContext
 
-    from mpca.data.spill import load_partition
+    from mpca.data.spill import Partition, load_partition
 
     tc = TaskContext.get()
     agent_id = tc.partitionId()
@@ -40,22 +42,54 @@ def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.
     gpus = list(res["gpu"].addresses) if "gpu" in res else []
     slots = list(res["agentslot"].addresses) if "agentslot" in res else []
     torch.set_num_threads(max(1, tc.cpus()))
-    part = None
+    part = keeper = loading = None
     try:
-        part = load_partition(batches, features, label, spec.data.input_shape, spec.data.agent_memory_mb)
+        if spec.holdout is not None:  # its rows come with their hash: the holdout's are set aside as they load
+            from mpca.data.holdout import HoldoutKeeper
+
+            keeper = HoldoutKeeper(*spec.holdout, features, label, spec.data.input_shape)
+            batches = keeper.training_batches(batches)
+        if spec.data.agent_memory_mb is None:  # in memory: it trains on the first rows while the rest arrive
+            loading = _start_loading(spec, features, label, batches)
+            there = loading.ready()  # before the view: the tensors it gets hold at least these rows
+            x, y = loading.view()
+            part = Partition(x[:there], y[:there])
+        else:  # a memory budget: every row is read (and spilled to disk where over it) before training
+            loading, part = None, load_partition(batches, features, label, spec.data.input_shape,
+                                                 spec.data.agent_memory_mb)
         loaded = time.time()
         # a retry within the stage attempt is a replacement; one in a resubmitted stage (lost shuffle input)
         # restarts at attempt 0, and the driver recognises it by its new process (see ExchangePlan.pids)
         summary = run_agent(spec, agent_id, part.features, part.labels, gpus, attempt=tc.attemptNumber(),
                             slot=slots[0] if slots else None, data_on_host=part.spilled, task_started=started,
-                            data_loaded=loaded)
+                            data_loaded=loaded, holdout=keeper, loading=loading)
+        if loading is not None:
+            loading.drop_rest()
+            summary["load_s"] = (loading.finished_at or loaded) - started
     except Exception:  # reported, not raised: a user error must not be retried maxFailures times
         summary = {"agent": agent_id, "error": f"agent {agent_id} could not start:\n{traceback.format_exc()}"}
     finally:
+        if loading is not None:
+            loading.drop_rest()  # its input read to the end (Spark's Python worker reads on once this task returns)
         if part is not None:
             part.close()  # the spill files, if any
     summary["attempt"] = tc.attemptNumber()
     yield pa.RecordBatch.from_pydict({"summary": [json.dumps(summary, default=str)]})
+
+
+def _start_loading(spec: AgentSpec, features: str, label: str, batches):
+    """The agent's rows arriving in a thread (:mod:`mpca.data.stream`), once the first ones are there (or all)."""
+    from mpca.data.arrow import batch_arrays
+    from mpca.data.checks import labels_problem
+    from mpca.data.stream import START_ROWS, LoadingRows
+
+    shape = spec.data.input_shape
+    loading = LoadingRows(shape, check=lambda y: labels_problem(y, spec.classes, spec.data.label))
+    loading.start(batches, lambda b: batch_arrays(b, features, label, shape), name="mpca-load")
+    loading.wait(START_ROWS, timeout=None)
+    if loading.error is not None:
+        raise loading.error
+    return loading
 
 
 _PY_ERROR = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)(?::.*)?)$")

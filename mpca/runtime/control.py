@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from mpca.errors import RunFailedError, UserError
 from mpca.runtime.jobs import ExchangeJobs
@@ -89,6 +89,44 @@ def _while_alive(job: Callable, alive: Callable[[], bool], cancel: Callable[[], 
     if "error" in out:
         raise out["error"]
     return out["result"]
+
+
+def holdout(jobs: ExchangeJobs, max_rows: int, wait_s: float = 0.0) -> Optional[List[Tuple[dict, bytes]]]:
+    """The holdout rows the agents set aside as they loaded (:mod:`mpca.data.holdout`), in two light jobs: each
+    agent's ``max_rows`` smallest row hashes, then from each agent its rows up to the ``max_rows``-th smallest
+    of all those — together the ``max_rows`` rows of smallest hash (more only where hashes tie); each agent's
+    answer as (header, payload).  None while some agent is still loading, after ``wait_s`` of asking again."""
+    from mpca.data.holdout import holdout_cut_off
+
+    deadline = time.time() + wait_s
+    agents = sorted(jobs.roster.agents)
+    while True:
+        hashes = _ask_every_agent(jobs, agents, "holdout-hashes", {})
+        if all(not h.get("loading") for h, _ in hashes.values()):
+            break
+        if time.time() >= deadline:
+            return None
+        time.sleep(0.2)
+    cut_off = holdout_cut_off((v for h, _ in hashes.values() for v in h["hashes"]), max_rows)
+    holders = [a for a in agents if hashes[a][0]["hashes"] and hashes[a][0]["hashes"][0] <= cut_off] \
+        if cut_off is not None else []
+    rows = _ask_every_agent(jobs, holders, "holdout-rows", {"up_to": cut_off})
+    return [rows[a] for a in holders]
+
+
+def _ask_every_agent(jobs: ExchangeJobs, agents: List[int], token: str, params: dict) -> Dict[int, Tuple[dict, bytes]]:
+    """Every one of ``agents``' answer to a "holdout" request with ``params``: a job, then more for those missed."""
+    got: Dict[int, Tuple[dict, bytes]] = {}
+    for attempt in range(STOP_ATTEMPTS):
+        left = tuple(a for a in agents if a not in got)
+        if not left:
+            break
+        plan = jobs.plan(f"{token}{time.time()}-{attempt}", "holdout", only_agents=left, params=params)
+        got.update(jobs.run(plan, jobs.spread(len(left), attempt), None, "mpca: the holdout rows").rows)
+    missing = [a for a in agents if a not in got]
+    if missing:
+        raise RunFailedError(f"agents {missing} did not hand over their holdout rows; check the executors' logs")
+    return got
 
 
 def status(jobs: ExchangeJobs) -> Dict[int, AgentReport]:

@@ -47,7 +47,7 @@ class ExchangePlan:
     run_id: str
     secret: bytes = field(repr=False)
     token: str  # claim token: one agent answers one task per token
-    op: str  # "reduce" | "deliver" | "cycle" (both in one task) | "join" | "hello" | "stop"
+    op: str  # "reduce" | "deliver" | "cycle" (both in one task) | "join" | "hello" | "stop" | "holdout"
     cycle: Optional[int] = None  # sequence number: an agent ignores deliveries older than what it holds
     reduce_shard: Optional[int] = None
     bcast_shard: Optional[int] = None
@@ -178,6 +178,9 @@ def _exchange(plan: ExchangePlan, bcast, t_start: float) -> ExchangeRecord:
             _both(plan, ch, bcast, entry, rec)
         elif plan.op == "stop":
             entry.update(ch.request({"op": "stop"}, timeout=plan.timeout_s)[0])
+        elif plan.op == "holdout":  # the agent's holdout rows up to the driver's cut-off (mpca.data.holdout)
+            header, payload = ch.request({"op": "holdout", **(plan.params or {})}, timeout=plan.timeout_s)
+            rec.rows[entry.agent] = (header, bytes(payload))
     except Exception as e:  # reported to the driver, which fails the run with this message
         entry.error = f"{plan.op} failed on executor {placement.executor_id()}: {e!r}"
     finally:

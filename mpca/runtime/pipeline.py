@@ -36,7 +36,7 @@ import torch
 
 from mpca.algorithm import Algorithm, DriverRule, WeightedSum
 from mpca.algorithm.wire import Codec
-from mpca.errors import RunFailedError
+from mpca.errors import RunFailedError, UserError
 from mpca.runtime.broadcasts import Broadcasts
 from mpca.runtime.exchange import ExchangePlan
 from mpca.runtime.jobs import ExchangeJobs
@@ -62,6 +62,12 @@ def _finite(cycle: int, shard: int, partial: Partial) -> Optional[WeightedSum]:
         return None
     return WeightedSum(total, partial.weight)
 
+
+
+def agent_failure(agent: int, message: str, user_error: bool) -> Exception:
+    """What an agent's error becomes on the driver: the user's one line (e.g. labels its model cannot take,
+    found as its rows arrived), else a failed run naming the agent."""
+    return UserError(message) if user_error else RunFailedError(f"agent {agent} failed: {message}")
 
 class ExchangePipeline:
     """Runs exchange cycles against the live agents of ``roster``; the driver rule keeps the joint model.
@@ -144,7 +150,7 @@ class ExchangePipeline:
         errors = result.errors()
         if errors:
             a, msg = sorted(errors.items())[0]
-            raise RunFailedError(f"agent {a} failed: {msg}")
+            raise agent_failure(a, msg, {**result.delivered, **result.agents}[a].user_error)
         roster.track(rec, result)
         return result
 
@@ -213,7 +219,7 @@ class ExchangePipeline:
         errors = {a: e.error for a, e in rec.agents.items() if e.error}
         if errors:
             a, msg = sorted(errors.items())[0]
-            raise RunFailedError(f"agent {a} failed: {msg}")
+            raise agent_failure(a, msg, rec.agents[a].user_error)
         self.timeline.add(rec)
         return rec
 

@@ -9,7 +9,7 @@ which the driver refuses).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Union
+from typing import Dict, List, Tuple, Union
 
 from mpca.algorithm.rules import WeightedSum
 from mpca.algorithm.wire import EncodedSum
@@ -26,12 +26,14 @@ class ExchangeRecord:
     delivered: Dict[int, AgentReport] = field(default_factory=dict)  # handed the broadcast
     misplaced: List[str] = field(default_factory=list)  # executors where a task found no unclaimed agent
     duplicates: List[int] = field(default_factory=list)  # agents that answered twice
+    rows: Dict[int, Tuple[dict, bytes]] = field(default_factory=dict)  # rows asked of agents (their holdout)
 
     def merge(self, other: "ExchangeRecord") -> "ExchangeRecord":
         """Both records in one (treeReduce's function): partial sums added, reports united."""
         dups = self.duplicates + other.duplicates
         return ExchangeRecord(_combine(self.partial, other.partial), _union(self.agents, other.agents, dups),
-                              _union(self.delivered, other.delivered, dups), self.misplaced + other.misplaced, dups)
+                              _union(self.delivered, other.delivered, dups), self.misplaced + other.misplaced, dups,
+                              {**self.rows, **other.rows})
 
     def errors(self) -> Dict[int, str]:
         """The agents that answered with an error, and the error."""

@@ -12,12 +12,14 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from mpca.algorithm import ShardLayout
 from mpca.algorithm.wire import Codec, ErrorFeedback
 from mpca.config import Settings
 from mpca.data.checks import label_skew
+from mpca.data.split import holdout_cut
 from mpca.errors import RunFailedError
 from mpca.runtime import cluster, control
 from mpca.runtime.agent import AgentSpec, model_state
@@ -38,7 +40,9 @@ class AgentRun:
     def __init__(self, spark, train_df, *, model: torch.nn.Module, model_fn, loss_fn, optimizer_fn,
                  settings: Settings, driver_state: Optional[Dict[str, Any]] = None,
                  pending: Optional[Dict[str, Any]] = None, wire_state: Optional[Dict[str, Any]] = None,
-                 classes: Optional[int] = None):
+                 classes: Optional[int] = None, holdout_on_agents: bool = False):
+        """``holdout_on_agents``: ``train_df`` holds every row with its hash (:func:`mpca.data.holdout.with_row_hash`),
+        the agents set the holdout rows aside and :meth:`holdout_rows` collects them."""
         cluster.require_classic(spark)
         self.settings = settings
         algo, training = settings.algorithm, settings.training
@@ -65,7 +69,9 @@ class AgentRun:
                               algorithm=algo, training=training, data=settings.data, wire=settings.wire,
                               seed=settings.seed, max_payload=max_payload,
                               service=self.service.address if self.service else None,
-                              rendezvous=self.rule.rendezvous(host, settings.cluster.service_port), classes=classes)
+                              rendezvous=self.rule.rendezvous(host, settings.cluster.service_port), classes=classes,
+                              holdout=(holdout_cut(settings.data.holdout), settings.data.holdout_max_rows)
+                              if holdout_on_agents else None)
         self.profile = cluster.agent_resource_profile(use_gpus, pinned=self.shape.agent_slots_per_executor > 0)
         self.job = AgentJob(self.sc, self.run_id)
         self.timeline = Timeline(training.timeline_window)  # the last cycles in memory, the rest on disk
@@ -105,6 +111,26 @@ class AgentRun:
         log.info("%d agents up after %.1fs (%s, algorithm %s)", len(self.agent_info), time.time() - t0,
                  self.layout.describe(), self.settings.algorithm.name)
         return self
+
+    def rows_loaded(self) -> bool:
+        """Whether every agent has all of its rows (by its latest report; they arrive while it trains)."""
+        latest = {**self.agent_info, **self.pipeline.last_agent_reports}
+        return all(latest[a].loading is False for a in self.pipeline.roster.agents if a in latest)
+
+    def holdout_rows(self, wait_s: float = 0.0) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """The holdout rows the agents set aside (``holdout_on_agents``), as the driver scores on them: the
+        ``data.holdout_max_rows`` of smallest row hash, in hash order — features and labels (integer labels as
+        int64, others float32), as :func:`mpca.data.checks.tensors` gives a collected holdout.  None while
+        some agent's rows are still arriving, after ``wait_s`` of asking again."""
+        from mpca.data.holdout import decode_rows
+
+        data = self.settings.data
+        parts = control.holdout(self.pipeline.jobs, data.holdout_max_rows, wait_s)
+        if parts is None:
+            return None
+        x, y, _ = decode_rows(parts, data.holdout_max_rows, data.input_shape)
+        y = y.astype(np.int64) if np.issubdtype(y.dtype, np.integer) else y.astype(np.float32)
+        return torch.from_numpy(np.array(x)), torch.from_numpy(y)
 
     def startup_phases(self, t0: float) -> Dict[int, Dict[str, float]]:
         """Per agent, on the run's clock (``t0`` its 0): when its Spark task started (from the agent's own

@@ -54,19 +54,21 @@ def test_trainer_refuses_bad_input_before_any_agent_starts(spark, case):
 
 
 
-def test_labels_out_of_range_past_the_rows_the_driver_checks_are_refused_by_their_agent_in_one_line(spark):
+@pytest.mark.parametrize("rows", [3000, 40_000])
+def test_labels_out_of_range_past_the_rows_the_driver_checks_are_refused_by_their_agent_in_one_line(spark, rows):
     """The driver checks the first rows only (no pass over all the data before training); every agent checks all
-    of its rows as it loads them.  Labels of 29 only from row 2,500 of each 3,000-row partition (the driver's
-    sample takes each partition's first 1,024 rows at most): one UserError line naming the agent, the agents'
-    job stopped."""
-    position = F.col("id") % 3000
-    df = spark.range(0, 6000, numPartitions=2).select(
+    of its rows as they arrive.  Labels of 29 only in the last sixth of each partition (the driver's sample
+    takes each partition's first 1,024 rows at most): one UserError line naming the agent, the agents' job
+    stopped — also where they come in a later Arrow batch than the first (40,000 rows: Spark sends 10,000 a
+    batch), after the agent started training on its first rows (mpca.data.stream)."""
+    position = F.col("id") % rows
+    df = spark.range(0, 2 * rows, numPartitions=2).select(
         F.array(*[F.rand(i).cast("float") for i in range(8)]).alias("features"),
-        F.when(position >= 2500, F.lit(29)).otherwise(F.col("id") % 10).alias("label"))
+        F.when(position >= rows * 5 // 6, F.lit(29)).otherwise(F.col("id") % 10).alias("label"))
     tracker = spark.sparkContext.statusTracker()
     with pytest.raises(UserError) as err:
         Trainer(functools.partial(MLP, 8, (16,), 10), helpers.cross_entropy, helpers.adam, agents=2,
-                input_shape=(8,), holdout=0.0, max_cycles=3, spark=spark).fit(df)
+                input_shape=(8,), holdout=0.0, max_cycles=200, spark=spark).fit(df)
     assert "labels reach 29" in str(err.value) and "agent" in str(err.value) and "\n" not in str(err.value), err.value
     deadline = time.time() + 10
     while tracker.getActiveJobsIds() and time.time() < deadline:

@@ -57,7 +57,7 @@ def test_compare_writes_table_json_and_plot_for_each_algorithm(spark, tmp_path):
     phases = m["startup"]  # each agent's own start-up, medians over the agents: task start, data read, build
     assert 0 < phases["task_started_s"] < phases["task_started_s"] + phases["data_s"] < m["agents_up_s"], m
     assert 0 <= phases["build_s"] < 10 and m["prepare_s"] > 0, m
-    assert {"start-up s", "first exchange s", "tasks started s", "data read s", "driver prep s"} <= set(tab.columns)
+    assert {"start-up s", "first exchange s", "tasks started s", "first rows s", "all rows s", "driver prep s"} <= set(tab.columns)
     assert js["comm_comp_ratio"] > 0 and (tmp_path / "compare.png").stat().st_size > 10_000
     assert (tmp_path / "mpca" / "history.csv").exists()
     cycles = pd.read_csv(tmp_path / "mpca" / "timeline.csv")  # each cycle's phases and bytes, beside the curve

@@ -1,4 +1,5 @@
 """Data beyond an agent's memory and sources beyond Parquet, on the shared local-cluster."""
+import functools
 import json
 import logging
 import re
@@ -6,6 +7,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from mpca import cli
 from mpca.config import load_config
@@ -169,3 +171,50 @@ def test_the_holdout_split_depends_on_each_rows_content_not_on_partitioning_or_o
     trainer = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, input_shape=(8,), holdout=0.1,
                       holdout_max_rows=1200, spark=spark)
     assert np.array_equal(trainer._split(task.dataframe(spark, 3))[1].numpy(), evaluated[0])  # what fit scores on
+
+
+def test_the_agents_set_aside_the_holdout_rows_the_driver_would_have_read_and_train_on_the_rest(spark):
+    """fit's holdout comes from the agents (mpca.data.holdout), not from a second scan: the same rows, in the same
+    order, as the driver's own read (evaluation_rows), and every other row trains."""
+    from mpca.data.holdout import with_row_hash
+    from mpca.data.synthetic import TeacherTask
+    from mpca.runtime.run import AgentRun
+
+    from mpca.models import build_model
+
+    task = TeacherTask(rows=20_000, features=8, classes=4, hidden=8, seed=0)
+    mlp = functools.partial(build_model, "mlp", {"in_features": 8, "hidden": [16], "num_classes": 4})
+    trainer = Trainer(mlp, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(8,),
+                      holdout=0.1, holdout_max_rows=1200, algorithm="mpca", spark=spark)
+    df = task.dataframe(spark, 3)
+    rows, train, _ = trainer._frames(df)
+    driver_x, driver_y = trainer._split(df)[1:]
+    run = AgentRun(spark, with_row_hash(rows, "features", "label", 0), model=mlp(), model_fn=mlp,
+                   loss_fn=helpers.cross_entropy, optimizer_fn=helpers.adam, settings=trainer.settings, classes=4,
+                   holdout_on_agents=True)
+    with run:
+        x, y = run.holdout_rows(wait_s=60)  # once every agent has all of its rows
+    trained = sum(int(s["rows"]) for s in run.summaries)
+    assert len(x) == 1200 and np.array_equal(x.numpy(), driver_x.numpy()) and torch.equal(y, driver_y)
+    assert trained == train.count()
+
+
+def test_rows_arriving_slowly_all_arrive_and_the_run_scores_on_the_agents_holdout(spark):
+    """mpca.data.stream with a slow source (how early an agent starts training depends on how fast its Python
+    worker starts, so the ramp's rule is tested in tests/unit/test_agent.py): every training row arrives, the
+    holdout is fetched once every agent has all of its rows — also where the run ends before that — and the
+    curve starts from the initial model."""
+    from mpca.data.synthetic import TeacherTask
+    from mpca.models import build_model
+
+    task = TeacherTask(rows=100_000, features=8, classes=4, hidden=8, seed=0)
+    df = task.dataframe(spark, 2)
+    mlp = functools.partial(build_model, "mlp", {"in_features": 8, "hidden": [16], "num_classes": 4})
+    for cycles in (2, 30):
+        fit = Trainer(mlp, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(8,), holdout=0.01,
+                      max_cycles=cycles, eval_every_cycles=2, spark=spark).fit(df.mapInArrow(helpers.slowly, df.schema))
+        assert 98_000 < sum(s["rows"] for s in fit.agents) < 100_000, fit.agents  # every training row (1% held out)
+        assert all(s["load_s"] >= fit.startup[s["agent"]]["data_s"] for s in fit.agents)
+        history = fit.history
+        assert history["cycle"].iloc[0] == 0 and history["wall_s"].iloc[0] == 0.0  # the initial model
+        assert fit.final.error < history["holdout_error"].iloc[0] and fit.cycles == cycles

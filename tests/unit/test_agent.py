@@ -428,3 +428,70 @@ def test_a_lossy_wire_yields_its_shard_encoded_with_error_feedback_and_decodes_d
     a.handle({"op": "deliver", "shard": 0, "cycle": 2, "params": {"alpha": 0.0}}, bytearray(codec.encode(target)))
     received = torch.cat([p.reshape(-1) for p in a.rule.targets[0]])  # the elastic pull's target x*
     assert torch.equal(received, torch.from_numpy(codec.decode(codec.encode(target), n)))
+
+
+def _ramp_agent(rows, seen):
+    m = _model()
+
+    def loss(out, y):
+        seen.append(y.clone())
+        return out.sum()
+
+    spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=loss, optimizer_fn=_frozen_sgd,
+                     layout=ShardLayout.from_module(m, 2), init_state=model_state(m), algorithm=MPCA(shards=2),
+                     data=DataSection(input_shape=[3]), training=TrainingSection(batch_size=4), classes=None)
+    there = rows.ready()
+    x, y = rows.view()
+    return Agent(spec, 0, x[:there], y[:there], loading=rows)
+
+
+def _rows_numbered(lo, hi):  # features and label: the row's number
+    return np.repeat(np.arange(lo, hi, dtype=np.float32)[:, None], 3, axis=1), np.arange(lo, hi)
+
+
+def _drawn_while_rows_arrive(pause_s):
+    """The labels (row numbers) an agent's first 24 steps draw, its rows arriving in three chunks: the second
+    ``pause_s`` after its start, the last once its steps have stopped for 0.5 s (waiting for rows)."""
+    import threading
+
+    from mpca.data.stream import LoadingRows
+
+    rows, seen, gate = LoadingRows((3,)), [], threading.Event()
+
+    def chunks():
+        yield _rows_numbered(0, 1100)
+        time.sleep(pause_s)
+        yield _rows_numbered(1100, 1500)
+        gate.wait(10)
+        yield _rows_numbered(1500, 3000)
+
+    rows.start(chunks(), lambda c: c)
+    rows.wait(1024, timeout=5)
+    a = _ramp_agent(rows, seen)
+    trainer = threading.Thread(target=a.train_forever, daemon=True)
+    trainer.start()
+    deadline, last, still = time.time() + 20, -1, time.time()
+    while time.time() - still < 0.5 and time.time() < deadline:  # until its steps stop
+        time.sleep(0.01)
+        if a.steps != last:
+            last, still = a.steps, time.time()
+    at_gate = a.steps
+    report = a.report()
+    gate.set()
+    while a.steps < 40 and time.time() < deadline:
+        time.sleep(0.01)
+    a.stop_requested = True
+    trainer.join(5)
+    return [int(v) for y in seen[:24] for v in y], at_gate, report, a
+
+
+def test_an_agent_trains_on_its_first_rows_while_the_rest_arrive_drawing_the_same_rows_whatever_their_pace():
+    """Ramp step r draws from the first ramp_rows(r) rows (1,024 for steps 0-7, 2,048 for 8-15, then all
+    3,000 rows in epochs once they are there); a step whose rows are not there yet waits for them."""
+    drawn, at_gate, report, a = _drawn_while_rows_arrive(0.0)
+    assert at_gate == 8  # ramp step 8 wants 2,048 rows; 1,500 are there until the last chunk comes
+    assert report.loading is True and report.rows == 1500
+    assert max(drawn[:8 * 4]) < 1024 and max(drawn[8 * 4:16 * 4]) < 2048  # the ramp's rule (batch 4)
+    assert a.features.shape[0] == 3000 and a.report().loading is False and a.report().rows == 3000
+    slow = _drawn_while_rows_arrive(0.3)[0]  # the second chunk later: the same rows drawn, step for step
+    assert slow == drawn

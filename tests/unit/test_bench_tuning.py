@@ -182,3 +182,18 @@ def test_each_agents_start_is_its_task_start_plus_its_data_read_and_build_in_age
     assert agent_starts(fit) == [6.0, 6.75]  # agent 0 first, though reported second
     assert agent_starts(SimpleNamespace(startup={})) == []
     assert agent_starts(SimpleNamespace(startup={0: {"task_started_s": 2.0, "data_s": 3.5}})) == []  # no build
+
+
+def test_the_start_up_medians_put_each_agents_last_row_on_the_runs_clock():
+    from types import SimpleNamespace
+
+    from mpca.bench.compare import startup_medians
+
+    fit = SimpleNamespace(startup={0: {"task_started_s": 2.0, "data_s": 0.5, "build_s": 0.1},
+                                   1: {"task_started_s": 3.0, "data_s": 0.7, "build_s": 0.3}},
+                          agents=[{"agent": 1, "load_s": 4.0}, {"agent": 0, "load_s": 5.0}])
+    # all rows there: agent 0 at 2 + 5 = 7 s, agent 1 at 3 + 4 = 7 s on the run's clock
+    assert startup_medians(fit) == {"task_started_s": 2.5, "data_s": 0.6, "build_s": 0.2, "rows_there_s": 7.0}
+    m = startup_medians(SimpleNamespace(startup={0: {"task_started_s": 2.0, "data_s": 0.5, "build_s": 0.1}},
+                                        agents=[{"agent": 0}]))  # no load_s (a run read in one go, or older)
+    assert math.isnan(m["rows_there_s"]) and m["data_s"] == 0.5

@@ -307,3 +307,13 @@ def test_a_silent_agent_is_waited_for_five_median_cycles_within_two_to_ten_secon
     for s in (1.0, 0.9, 1.4):
         roster.cycle_took(s)
     assert roster.wait_s() == 5.0 and AgentRoster([0], agent_wait_s=1.5).wait_s() == 1.5
+
+
+def test_an_agents_error_for_the_user_is_one_line_and_any_other_fails_the_run_naming_the_agent():
+    from mpca.errors import RunFailedError, UserError
+    from mpca.runtime.pipeline import agent_failure
+
+    e = agent_failure(3, "labels reach 29 but the model outputs 10 classes (found in agent 3's rows)", True)
+    assert type(e) is UserError and str(e).startswith("labels reach 29")
+    e = agent_failure(3, "training failed: boom", False)
+    assert type(e) is RunFailedError and str(e) == "agent 3 failed: training failed: boom"
