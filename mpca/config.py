@@ -43,6 +43,9 @@ class DataSection(_Strict):
     shuffle: bool = Field(False, description="deal the training rows out to the agents at random (a Spark "
                           "shuffle) instead of giving each agent whole partitions: for data ordered by label; "
                           "an executor lost mid-run then restarts every agent")
+    stream: bool = Field(False, description="each agent trains on its first rows while the rest arrive (its ramp "
+                         "draws from a doubling prefix; mpca.data.stream) instead of reading all of them first; "
+                         "the load then shares the executors' cores with training (not with agent_memory_mb)")
 
     @field_validator("input_shape")
     @classmethod
@@ -362,7 +365,7 @@ class JobConfig(Settings):
 SHORTCUTS = {
     "agents": "training.agents", "batch_size": "training.batch_size", "use_gpus": "training.use_gpus",
     "features": "data.features", "label": "data.label", "input_shape": "data.input_shape",
-    "holdout": "data.holdout", "holdout_max_rows": "data.holdout_max_rows",
+    "holdout": "data.holdout", "holdout_max_rows": "data.holdout_max_rows", "stream": "data.stream",
     "shards": "algorithm.shards", "buffers": "algorithm.buffers", "min_cycle_interval_s": "algorithm.min_cycle_interval_s",
     "max_cycles": "stop.max_cycles", "max_seconds": "stop.max_seconds", "max_epochs": "stop.max_epochs",
     "target_error": "stop.target_error", "eval_every_cycles": "eval.every_cycles",

@@ -1,10 +1,18 @@
-"""An agent's rows while they load: training starts on the first ones, the rest arrive in the background.
+"""An agent's rows while they load (``data.stream``): training starts on the first ones, the rest arrive in the
+background.
 
-Spark hands an agent its partition as a stream of Arrow batches; converting every row before the first step
-was most of an agent's start-up (measured on this 2-core machine: 4–5 s of the benchmark's 250 k rows per
-agent, four agents at once, against ~0.1 s for the first batch).  :class:`LoadingRows` takes the batches in a
-thread of the agent's process into buffers that double as they fill, and publishes how many rows are ready;
-the agent starts once :data:`START_ROWS` rows (or all of them) are there.
+Spark hands an agent its partition as a stream of Arrow batches; reading every row before the first step is
+most of an agent's start-up on a large partition.  :class:`LoadingRows` takes the batches in a thread of the
+agent's process into buffers that double as they fill, and publishes how many rows are ready; the agent
+starts once :data:`START_ROWS` rows (or all of them) are there.
+
+Off by default: the load then shares the executor's cores with training and the exchange.  Measured on this
+2-core machine (``mpca bench compare --regime resnet110-gbe --no-tune --repeats 3 --algorithms mpca``, four
+agents of 250 k rows, 2026-11-27): the first useful exchange came 7.9 s after the clock's 0 instead of 9.9 s,
+but the agents' rows were all there only at 8.5 s (4.9 s when read first), the cycles during the load took
+up to 4.6 s, 24% came at 28.4 s (27.2–35.9) against 29.4 s (27.9–29.4), and every streamed run was
+INVALID (the machine 95–97% busy, against 78–89%).  Where an executor has cores to spare for the load, or a
+partition takes minutes to read, turn it on.
 
 Which rows a step may draw from does not depend on how fast they arrive: step ``r`` of the agent's ramp
 draws its batch uniformly (with replacement) from the first :func:`ramp_rows` ``(r)`` rows, a count that

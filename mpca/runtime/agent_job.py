@@ -3,10 +3,9 @@
 The agents' job is ``train_df.coalesce(K).mapInArrow(agent_task, profile=...)`` (``repartition(K)`` when the
 data has fewer than K partitions or ``data.shuffle`` asks for it):
 each task receives its own partitions as Arrow record batches (never collected
-to the driver), turns them into tensors in a thread as they arrive (:mod:`mpca.data.stream`; all of them first
-where ``data.agent_memory_mb`` may spill them to disk), setting the holdout rows aside where the trainer asks
-(:mod:`mpca.data.holdout`), and runs :func:`mpca.runtime.agent.run_agent` from its first rows on
-until the driver stops it.  No barrier mode: it refuses dynamic allocation and
+to the driver), turns them into tensors (all of them first, or with ``data.stream`` in a thread as they arrive,
+:mod:`mpca.data.stream`), setting the holdout rows aside where the trainer asks (:mod:`mpca.data.holdout`),
+and runs :func:`mpca.runtime.agent.run_agent` until the driver stops it.  No barrier mode: it refuses dynamic allocation and
 is not retried when one task fails.
 """
 from __future__ import annotations
@@ -49,12 +48,12 @@ def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.
 
             keeper = HoldoutKeeper(*spec.holdout, features, label, spec.data.input_shape)
             batches = keeper.training_batches(batches)
-        if spec.data.agent_memory_mb is None:  # in memory: it trains on the first rows while the rest arrive
+        if spec.data.stream and spec.data.agent_memory_mb is None:  # it trains on its first rows while the rest arrive
             loading = _start_loading(spec, features, label, batches)
             there = loading.ready()  # before the view: the tensors it gets hold at least these rows
             x, y = loading.view()
             part = Partition(x[:there], y[:there])
-        else:  # a memory budget: every row is read (and spilled to disk where over it) before training
+        else:  # every row read first (spilled to disk where over a memory budget)
             loading, part = None, load_partition(batches, features, label, spec.data.input_shape,
                                                  spec.data.agent_memory_mb)
         loaded = time.time()

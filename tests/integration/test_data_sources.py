@@ -200,7 +200,7 @@ def test_the_agents_set_aside_the_holdout_rows_the_driver_would_have_read_and_tr
 
 
 def test_rows_arriving_slowly_all_arrive_and_the_run_scores_on_the_agents_holdout(spark):
-    """mpca.data.stream with a slow source (how early an agent starts training depends on how fast its Python
+    """data.stream (mpca.data.stream) with a slow source (how early an agent starts training depends on how fast its Python
     worker starts, so the ramp's rule is tested in tests/unit/test_agent.py): every training row arrives, the
     holdout is fetched once every agent has all of its rows — also where the run ends before that — and the
     curve starts from the initial model."""
@@ -212,7 +212,7 @@ def test_rows_arriving_slowly_all_arrive_and_the_run_scores_on_the_agents_holdou
     mlp = functools.partial(build_model, "mlp", {"in_features": 8, "hidden": [16], "num_classes": 4})
     for cycles in (2, 30):
         fit = Trainer(mlp, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(8,), holdout=0.01,
-                      max_cycles=cycles, eval_every_cycles=2, spark=spark).fit(df.mapInArrow(helpers.slowly, df.schema))
+                      stream=True, max_cycles=cycles, eval_every_cycles=2, spark=spark).fit(df.mapInArrow(helpers.slowly, df.schema))
         assert 98_000 < sum(s["rows"] for s in fit.agents) < 100_000, fit.agents  # every training row (1% held out)
         assert all(s["load_s"] >= fit.startup[s["agent"]]["data_s"] for s in fit.agents)
         history = fit.history
