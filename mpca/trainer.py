@@ -258,7 +258,6 @@ class Trainer:
                 rows = sum(int(r.rows or 0) for r in run.agent_info.values())  # there yet: some may still arrive
                 if rows == 0 and not st.training.elastic:  # every row went to the holdout (a tiny data set)
                     raise UserError(NO_ROWS)
-                scoring()
                 rate = SampleRate()
                 rate.observe(run.agent_info)  # the agents' counts at start: a rate from the first cycle on
                 c, last_eval, eval_wanted = first_cycle, time.time(), False
@@ -274,7 +273,10 @@ class Trainer:
                     sps = rate.observe(reports)
                     membership = run.membership()  # (agents present, agents the run has now)
                     eval_wanted = eval_wanted or self._eval_due(c - first_cycle, last_eval)
-                    if eval_wanted and scoring() and evaluator.submit(
+                    # the holdout's control jobs wait until the pipeline's first useful exchange (or its fill's
+                    # two cycles, for the algorithms without one): they must not delay it
+                    filled = out.first_exchange_s is not None or c - first_cycle >= 2
+                    if eval_wanted and filled and scoring() and evaluator.submit(
                             run.joint_vectors(), c, time.time() - t0, rec.agents, epochs, run.metrics, sps,
                             present=membership[0]):
                         last_eval, eval_wanted = time.time(), False  # a due one the evaluator was busy for: next cycle
@@ -299,6 +301,12 @@ class Trainer:
                     raise RunFailedError(f"the agents' rows did not all arrive within "
                                          f"{st.cluster.agent_start_timeout_s:.0f}s of the run's end; check the "
                                          "executors' logs")
+                evaluator.close()  # the scores still under way (the initial model's, where the holdout came late)
+                for row in evaluator.drain():
+                    row.pop("_snapshot")
+                    out.history.append(row)
+                    if self.on_cycle:
+                        self.on_cycle(row)
         except BaseException:
             if hasattr(self.on_cycle, "finish"):
                 self.on_cycle.finish(None)  # the tracker's run ends as failed

@@ -11,8 +11,9 @@ Off by default: the load then shares the executor's cores with training and the 
 agents of 250 k rows, 2026-11-27): the first useful exchange came 7.9 s after the clock's 0 instead of 9.9 s,
 but the agents' rows were all there only at 8.5 s (4.9 s when read first), the cycles during the load took
 up to 4.6 s, 24% came at 28.4 s (27.2–35.9) against 29.4 s (27.9–29.4), and every streamed run was
-INVALID (the machine 95–97% busy, against 78–89%).  Where an executor has cores to spare for the load, or a
-partition takes minutes to read, turn it on.
+INVALID (the machine 95–97% busy, against 78–89%; a later run of 3 reading first was at 86–98%: four agents
+on two cores sit at the emulation's limit in this regime).  Where an executor has cores to spare for the
+load, or a partition takes minutes to read, turn it on.
 
 Which rows a step may draw from does not depend on how fast they arrive: step ``r`` of the agent's ramp
 draws its batch uniformly (with replacement) from the first :func:`ramp_rows` ``(r)`` rows, a count that
