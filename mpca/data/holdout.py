@@ -75,25 +75,25 @@ class HoldoutKeeper:
         order = np.argsort(h, kind="stable")[:n]
         return h[order], x[order], y[order]
 
-    def hashes(self) -> List[int]:
-        """Its ``max_rows`` smallest hashes, ascending (what it tells the driver first)."""
-        return [int(v) for v in self._smallest(self.max_rows)[0]]
+    def hashes(self) -> np.ndarray:
+        """Its ``max_rows`` smallest hashes, ascending, int64 (what it tells the driver first, as the payload:
+        a header holds 64 KiB at most)."""
+        return np.ascontiguousarray(self._smallest(self.max_rows)[0], dtype=np.int64)
 
     def rows_up_to(self, cut_off: int) -> Tuple[dict, bytes]:
-        """Its rows of hash ≤ ``cut_off``, as a header (rows, their hashes, the labels' dtype) and a payload (the
-        float32 features, then the labels)."""
+        """Its rows of hash ≤ ``cut_off``, as a header (how many, the labels' dtype) and a payload (their int64
+        hashes, the float32 features, then the labels)."""
         h, x, y = self._smallest(self.max_rows)
         keep = h <= cut_off
-        h, x = h[keep], np.ascontiguousarray(x[keep], dtype=np.float32)
+        h, x = np.ascontiguousarray(h[keep], dtype=np.int64), np.ascontiguousarray(x[keep], dtype=np.float32)
         y = np.ascontiguousarray(y[keep], dtype=np.int64 if np.issubdtype(y.dtype, np.integer) else np.float32)
-        header = {"rows": int(len(h)), "hashes": [int(v) for v in h], "label_dtype": y.dtype.name}
-        return header, x.tobytes() + y.tobytes()
+        return {"rows": int(len(h)), "label_dtype": y.dtype.name}, h.tobytes() + x.tobytes() + y.tobytes()
 
 
 def holdout_cut_off(hashes: Iterable[int], max_rows: int) -> Optional[int]:
     """The ``max_rows``-th smallest of all agents' hashes (their largest where fewer): every row the driver
     scores on has a hash at most this; None when no agent holds a holdout row."""
-    ordered = sorted(hashes)
+    ordered = sorted(int(v) for v in hashes)
     return ordered[min(max_rows, len(ordered)) - 1] if ordered else None
 
 
@@ -107,9 +107,9 @@ def decode_rows(parts: Sequence[Tuple[dict, bytes]], max_rows: int, input_shape:
         if n == 0:
             continue
         size = n * width * 4
-        xs.append(np.frombuffer(payload[:size], dtype=np.float32).reshape(n, *input_shape))
-        ys.append(np.frombuffer(payload[size:], dtype=np.dtype(header["label_dtype"])))
-        hs.append(np.asarray(header["hashes"], dtype=np.int64))
+        hs.append(np.frombuffer(payload[:8 * n], dtype=np.int64))
+        xs.append(np.frombuffer(payload[8 * n:8 * n + size], dtype=np.float32).reshape(n, *input_shape))
+        ys.append(np.frombuffer(payload[8 * n + size:], dtype=np.dtype(header["label_dtype"])))
     if not hs:
         return np.zeros((0, *input_shape), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64)
     h, x, y = np.concatenate(hs), np.concatenate(xs), np.concatenate(ys)

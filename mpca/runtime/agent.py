@@ -501,10 +501,11 @@ class Agent:
         if op == "holdout":  # the rows it set aside (mpca.data.holdout): first their hashes, then rows up to one
             if self.loading is not None and not self.loading.done:
                 return {"loading": True}, None
-            if "up_to" not in header:
-                return {"hashes": self.holdout.hashes() if self.holdout else []}, None
             if self.holdout is None:
-                return {"rows": 0, "hashes": [], "label_dtype": "int64"}, None
+                return {"rows": 0, "label_dtype": "int64"}, None
+            if "up_to" not in header:  # its smallest hashes, int64, as the payload
+                hashes = self.holdout.hashes()
+                return {"rows": len(hashes)}, hashes.tobytes()
             return self.holdout.rows_up_to(int(header["up_to"]))
         if op == "claim":
             token = str(header["token"])

@@ -6,6 +6,8 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+import numpy as np
+
 from mpca.errors import RunFailedError, UserError
 from mpca.runtime.jobs import ExchangeJobs
 from mpca.runtime.reports import AgentReport
@@ -107,9 +109,9 @@ def holdout(jobs: ExchangeJobs, max_rows: int, wait_s: float = 0.0) -> Optional[
         if time.time() >= deadline:
             return None
         time.sleep(0.2)
-    cut_off = holdout_cut_off((v for h, _ in hashes.values() for v in h["hashes"]), max_rows)
-    holders = [a for a in agents if hashes[a][0]["hashes"] and hashes[a][0]["hashes"][0] <= cut_off] \
-        if cut_off is not None else []
+    mine = {a: np.frombuffer(payload, dtype=np.int64) for a, (_, payload) in hashes.items()}  # ascending
+    cut_off = holdout_cut_off(np.concatenate(list(mine.values())) if mine else [], max_rows)
+    holders = [a for a in agents if len(mine[a]) and mine[a][0] <= cut_off] if cut_off is not None else []
     rows = _ask_every_agent(jobs, holders, "holdout-rows", {"up_to": cut_off})
     return [rows[a] for a in holders]
 

@@ -182,10 +182,10 @@ def test_the_agents_set_aside_the_holdout_rows_the_driver_would_have_read_and_tr
 
     from mpca.models import build_model
 
-    task = TeacherTask(rows=20_000, features=8, classes=4, hidden=8, seed=0)
+    task = TeacherTask(rows=120_000, features=8, classes=4, hidden=8, seed=0)  # ~4,000 holdout rows a partition
     mlp = functools.partial(build_model, "mlp", {"in_features": 8, "hidden": [16], "num_classes": 4})
     trainer = Trainer(mlp, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(8,),
-                      holdout=0.1, holdout_max_rows=1200, algorithm="mpca", spark=spark)
+                      holdout=0.1, algorithm="mpca", spark=spark)  # the default 5,000 rows scored on
     df = task.dataframe(spark, 3)
     rows, train, _ = trainer._frames(df)
     driver_x, driver_y = trainer._split(df)[1:]
@@ -195,7 +195,7 @@ def test_the_agents_set_aside_the_holdout_rows_the_driver_would_have_read_and_tr
     with run:
         x, y = run.holdout_rows(wait_s=60)  # once every agent has all of its rows
     trained = sum(int(s["rows"]) for s in run.summaries)
-    assert len(x) == 1200 and np.array_equal(x.numpy(), driver_x.numpy()) and torch.equal(y, driver_y)
+    assert len(x) == 5000 and np.array_equal(x.numpy(), driver_x.numpy()) and torch.equal(y, driver_y)
     assert trained == train.count()
 
 
