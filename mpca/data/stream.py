@@ -133,7 +133,7 @@ class LoadingRows:
     def view(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """Features and labels of the rows there so far (and perhaps more, not yet written: index below
         :meth:`ready` only)."""
-        x, y, n = self._x, self._y, self._n
+        x, y = self._x, self._y
         if x is None:
             return torch.zeros((0, *self.input_shape)), torch.zeros(0, dtype=torch.int64)
         return x, y

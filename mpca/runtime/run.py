@@ -128,9 +128,8 @@ class AgentRun:
         parts = control.holdout(self.pipeline.jobs, data.holdout_max_rows, wait_s)
         if parts is None:
             return None
-        x, y, _ = decode_rows(parts, data.holdout_max_rows, data.input_shape)
-        y = y.astype(np.int64) if np.issubdtype(y.dtype, np.integer) else y.astype(np.float32)
-        return torch.from_numpy(np.array(x)), torch.from_numpy(y)
+        x, y, _ = decode_rows(parts, data.holdout_max_rows, data.input_shape)  # labels int64 or float32 already
+        return torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y))
 
     def startup_phases(self, t0: float) -> Dict[int, Dict[str, float]]:
         """Per agent, on the run's clock (``t0`` its 0): when its Spark task started (from the agent's own
