@@ -237,6 +237,7 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
         "exit_code": code, "stop_reason": fit.stop_reason, "final_holdout_error": fit.final.error,
         "final_holdout_loss": fit.final.loss, "target_error": target, "wall_s": fit.wall_s,
         "job_wall_s": time.time() - t0, "cycles": fit.cycles, "agents_up_s": fit.agents_up_s,
+        "prepare_s": fit.prepare_s, "first_exchange_s": fit.first_exchange_s,  # start-up, before / after the clock's 0
         "first_cycle": fit.first_cycle,
         "agents": cfg.training.agents, "algorithm": cfg.algorithm.name, "layout": fit.layout,
         "agent_devices": [a.get("device") for a in sorted(fit.agents, key=lambda a: a.get("agent", 0))],

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from mpca.config import StopSection
+if TYPE_CHECKING:  # not at run time: the exchange tasks import this module (via the roster) without torch
+    from mpca.config import StopSection
 
 SILENT_WAIT_CYCLES, SILENT_WAIT_MIN_S, SILENT_WAIT_MAX_S = 5, 2.0, 10.0
 

@@ -207,3 +207,12 @@ def tracked_rows():
     """Three evaluation rows of a history as trackers get them (the last one's error NaN: not logged)."""
     return [{"cycle": c, "holdout_error": e, "holdout_loss": 2 * e, "samples_per_s": 100.0, "epochs": c / 10,
              "weight": {0: 3}} for c, e in [(5, 0.5), (10, 0.2), (15, float("nan"))]]
+
+
+def only_partition_zero(batches):
+    """A mapInArrow body that fails in every partition but the first: a read of any other partition raises."""
+    from pyspark import TaskContext
+
+    if TaskContext.get().partitionId() != 0:
+        raise RuntimeError("partition read beyond the first")
+    yield from batches

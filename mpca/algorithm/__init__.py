@@ -1,39 +1,44 @@
 """The pure algorithms: sharding, update rules, schedules and one module per algorithm (no Spark, no I/O).
 
-Importing this package registers the built-in algorithms: ``mpca`` (default), ``single``, ``sync``,
-``easgd``, ``diloco``, ``ddp``, Hermans' and Rudra's parameter-server families and ``weaksync`` (see :mod:`mpca.algorithm.base` for the seam they share).
+The registry (:mod:`mpca.algorithm.registry`) registers the built-in algorithms the first time it is asked:
+``mpca`` (default), ``single``, ``sync``, ``easgd``, ``diloco``, ``ddp``, Hermans' and Rudra's
+parameter-server families and ``weaksync`` (see :mod:`mpca.algorithm.base` for the seam they share).
+
+The names below are imported when first used (PEP 562), so that a module that needs only a torch-free part
+(the wire format, Eq. 9's partial sums: what the exchange tasks on the executors use) does not import torch.
 """
-from mpca.algorithm.base import AgentContext, AgentRule, Algorithm, DriverRule, ServiceAgent
-from mpca.algorithm.joint import JointShard, MPCAHyper
-from mpca.algorithm.registry import build as build_algorithm
-from mpca.algorithm.registry import names as algorithm_names
-from mpca.algorithm.registry import register
-from mpca.algorithm.rules import (
-    WeightedSum,
-    blend,
-    compensated_pull_,
-    easgd_exchange_,
-    elastic_pull_,
-    extrapolate,
-    finish_reduction,
-    model_average,
-    nesterov_outer_step,
-    reduction_weights,
-    tau_weighted_reduce,
-    trajectory,
-)
-from mpca.algorithm.schedules import AlphaSchedule, BetaSchedule, GammaSchedule
-from mpca.algorithm.sharding import BoundShards, Segment, ShardLayout, TensorSpec, exchanged_tensors
+from __future__ import annotations
 
-# the built-in algorithms register themselves on import
-from mpca.algorithm import mpca as _mpca, single as _single, sync as _sync  # noqa: E402,F401  isort: skip
-from mpca.algorithm import easgd as _easgd, diloco as _diloco, ddp as _ddp  # noqa: E402,F401  isort: skip
-from mpca.algorithm import hermans as _hermans, rudra as _rudra, weaksync as _weaksync  # noqa: E402,F401  isort: skip
+import importlib
+from typing import Any
 
-__all__ = [
-    "AgentContext", "AgentRule", "Algorithm", "AlphaSchedule", "BetaSchedule", "BoundShards", "DriverRule",
-    "GammaSchedule", "JointShard", "MPCAHyper", "Segment", "ShardLayout", "TensorSpec", "WeightedSum",
-    "algorithm_names", "blend", "build_algorithm", "compensated_pull_", "easgd_exchange_", "elastic_pull_",
-    "exchanged_tensors", "extrapolate", "finish_reduction", "model_average", "nesterov_outer_step",
-    "reduction_weights", "register", "ServiceAgent", "tau_weighted_reduce", "trajectory",
-]
+_EXPORTS = {
+    "mpca.algorithm.base": ("AgentContext", "AgentRule", "Algorithm", "DriverRule", "ServiceAgent"),
+    "mpca.algorithm.joint": ("JointShard", "MPCAHyper"),
+    "mpca.algorithm.registry": ("register",),
+    "mpca.algorithm.rules": ("blend", "compensated_pull_", "easgd_exchange_", "elastic_pull_", "extrapolate",
+                             "finish_reduction", "model_average", "nesterov_outer_step", "reduction_weights",
+                             "tau_weighted_reduce", "trajectory"),
+    "mpca.algorithm.schedules": ("AlphaSchedule", "BetaSchedule", "GammaSchedule"),
+    "mpca.algorithm.sharding": ("BoundShards", "Segment", "ShardLayout", "TensorSpec", "exchanged_tensors"),
+    "mpca.algorithm.weighted_sum": ("WeightedSum",),
+}
+_RENAMED = {"build_algorithm": ("mpca.algorithm.registry", "build"),
+            "algorithm_names": ("mpca.algorithm.registry", "names")}
+_WHERE = {name: (module, name) for module, names in _EXPORTS.items() for name in names}
+_WHERE.update(_RENAMED)
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'mpca.algorithm' has no attribute {name!r}")
+    module, attr = _WHERE[name]
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value  # once: later lookups find it directly
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_WHERE))

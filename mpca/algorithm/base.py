@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from mpca.algorithm.rules import WeightedSum
+from mpca.algorithm.weighted_sum import WeightedSum
 from mpca.algorithm.sharding import BoundShards
 from mpca.algorithm.wire import Codec, ErrorFeedback
 

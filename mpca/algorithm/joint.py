@@ -6,8 +6,9 @@ from typing import Dict
 
 import torch
 
-from mpca.algorithm.rules import WeightedSum, blend, extrapolate, finish_reduction, trajectory
+from mpca.algorithm.rules import blend, extrapolate, finish_reduction, trajectory
 from mpca.algorithm.schedules import AlphaSchedule, BetaSchedule, GammaSchedule
+from mpca.algorithm.weighted_sum import WeightedSum
 
 
 @dataclass(frozen=True)

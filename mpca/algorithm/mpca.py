@@ -22,8 +22,9 @@ from pydantic import Field, model_validator
 from mpca.algorithm.base import AgentContext, AgentRule, Algorithm, DriverRule, Params
 from mpca.algorithm.joint import JointShard, MPCAHyper
 from mpca.algorithm.registry import register
-from mpca.algorithm.rules import WeightedSum, compensated_pull_, elastic_pull_, extrapolate
+from mpca.algorithm.rules import compensated_pull_, elastic_pull_, extrapolate
 from mpca.algorithm.schedules import AlphaSchedule, BetaSchedule, GammaSchedule
+from mpca.algorithm.weighted_sum import WeightedSum
 
 
 Pull = Literal["compensated", "elastic"]  # Eq. 7's target: see MPCA.pull

@@ -6,6 +6,19 @@ from typing import Any, Dict, Type
 from mpca.algorithm.base import Algorithm
 
 _REGISTRY: Dict[str, Type[Algorithm]] = {}
+BUILT_IN_MODULES = ("mpca", "single", "sync", "easgd", "diloco", "ddp", "hermans", "rudra", "weaksync")
+_built_in_loaded = False
+
+
+def _load_built_in() -> None:
+    """Import the built-in algorithms' modules (each registers itself) the first time the registry is asked."""
+    global _built_in_loaded
+    if not _built_in_loaded:
+        import importlib
+
+        for module in BUILT_IN_MODULES:
+            importlib.import_module(f"mpca.algorithm.{module}")
+        _built_in_loaded = True
 
 
 def register(cls: Type[Algorithm]) -> Type[Algorithm]:
@@ -20,10 +33,12 @@ def register(cls: Type[Algorithm]) -> Type[Algorithm]:
 
 
 def names() -> list:
+    _load_built_in()
     return sorted(_REGISTRY)
 
 
 def get(name: str) -> Type[Algorithm]:
+    _load_built_in()
     if name not in _REGISTRY:
         raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(names())}")
     return _REGISTRY[name]

@@ -208,7 +208,7 @@ class EncodedSum:
 
     def decoded(self):
         """The partial as the driver rule takes it (:class:`~mpca.algorithm.rules.WeightedSum`)."""
-        from mpca.algorithm.rules import WeightedSum
+        from mpca.algorithm.weighted_sum import WeightedSum
 
         v = self.values()
         return WeightedSum(None if v is None else v.astype(self.codec.dtype), self.weight)

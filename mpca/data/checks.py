@@ -180,14 +180,14 @@ def check_dataframe(df, features: str, label: str, input_shape: Sequence[int], m
     rows: :func:`labels_problem`).  Returns the model's class count for class-index labels, else None."""
     from pyspark.sql import functions as F
 
-    from mpca.compat import to_arrow
+    from mpca.compat import take_arrow
 
     if full:
         row = df.agg(F.count(F.lit(1)).alias("n"), F.min(label).alias("lo"), F.max(label).alias("hi")).collect()[0]
         lo, hi, rows = row["lo"], row["hi"], int(row["n"])
-        sample = to_arrow(df.select(features, label).limit(sample_rows))
+        sample = take_arrow(df.select(features, label), sample_rows)
     else:
-        sample = to_arrow(df.select(features, label).limit(max(sample_rows, label_rows)))
+        sample = take_arrow(df.select(features, label), max(sample_rows, label_rows))
         ys = [v for v in sample.column(label).to_pylist() if v is not None]
         (lo, hi), rows = (min(ys), max(ys)) if ys else (None, None), sample.num_rows
         sample = sample.slice(0, sample_rows)

@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from mpca.algorithm.rules import WeightedSum
+from mpca.algorithm.weighted_sum import WeightedSum
 from mpca.algorithm.wire import Codec, EncodedSum
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Tuple, Union
 
-from mpca.algorithm.rules import WeightedSum
+from mpca.algorithm.weighted_sum import WeightedSum
 from mpca.algorithm.wire import EncodedSum
 from mpca.runtime.reports import AgentReport
 

@@ -26,7 +26,7 @@ from typing import Iterable, Iterator, List, Tuple
 
 import numpy as np
 
-from mpca.algorithm.rules import WeightedSum
+from mpca.algorithm.weighted_sum import WeightedSum
 from mpca.algorithm.wire import EncodedSum
 from mpca.runtime.record import ExchangeRecord, Partial, as_weighted_sum, merge_records
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from mpca.algorithm.base import DriverRule
-from mpca.algorithm.rules import WeightedSum
+from mpca.algorithm.weighted_sum import WeightedSum
 from mpca.algorithm.wire import Codec, EncodedSum, ErrorFeedback
 from mpca.sim.clock import VirtualClock
 from mpca.sim.network import (broadcast_time, driver_copies, driver_partials, exchange_cpu_time, tree_groups,

@@ -218,3 +218,18 @@ def test_rows_arriving_slowly_all_arrive_and_the_run_scores_on_the_agents_holdou
         history = fit.history
         assert history["cycle"].iloc[0] == 0 and history["wall_s"].iloc[0] == 0.0  # the initial model
         assert fit.final.error < history["holdout_error"].iloc[0] and fit.cycles == cycles
+
+
+def test_the_first_rows_check_reads_the_first_partition_only(spark):
+    """take_arrow reads as DataFrame.take does: an Arrow collection of limit(n) computes every partition."""
+    from mpca.compat import take_arrow
+    from mpca.data.checks import check_dataframe
+
+    rows = spark.range(0, 8000, numPartitions=4).selectExpr("array(cast(id as float), 1.0f) as features",
+                                                            "cast(id % 3 as bigint) as label")
+    df = rows.mapInArrow(helpers.only_partition_zero, rows.schema)  # any other partition fails when computed
+    table = take_arrow(df, 1024)
+    assert table.num_rows == 1024 and table.column("features").to_pylist()[5] == [5.0, 1.0]
+    assert str(table.schema.field("label").type) == "int64"
+    assert check_dataframe(df, "features", "label", [2], lambda: torch.nn.Linear(2, 3), helpers.cross_entropy,
+                           helpers.adam, full=False) == 3

@@ -106,7 +106,7 @@ def test_the_shuffle_joins_to_the_trees_sum(spark):
     """The pieces through Spark's own shuffle (pickled records, the piece partitioner) join to treeReduce's sum."""
     import functools
 
-    from mpca.algorithm.rules import WeightedSum
+    from mpca.algorithm.weighted_sum import WeightedSum
     from mpca.runtime import scatter
     from mpca.runtime.record import ExchangeRecord, merge_records
 

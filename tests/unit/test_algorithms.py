@@ -1,5 +1,6 @@
 """Each algorithm's rules against hand-computed values, without Spark: driver rules, agent rules, registry."""
 import math
+import sys
 import threading
 
 import pytest
@@ -241,3 +242,16 @@ def test_settings_that_follow_k_follow_the_agents_present():
     assert soft.c == 2
     soft.on_membership(3)
     assert soft.c == 1
+
+
+def test_the_algorithm_package_exports_every_name_it_lists_and_the_registry_has_every_built_in():
+    import mpca.algorithm as package
+    from mpca.algorithm.registry import BUILT_IN_MODULES, names
+
+    for name in package.__all__:
+        assert getattr(package, name) is not None
+    assert set(package.__all__) <= set(dir(package))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        package.nope  # noqa: B018
+    assert {"mpca", "single", "sync", "easgd", "diloco", "ddp", "weaksync", "downpour"} <= set(names())
+    assert all(f"mpca.algorithm.{m}" in sys.modules for m in BUILT_IN_MODULES)

@@ -6,7 +6,7 @@ import functools
 import numpy as np
 import pytest
 
-from mpca.algorithm.rules import WeightedSum
+from mpca.algorithm.weighted_sum import WeightedSum
 from mpca.algorithm.wire import Codec, EncodedSum
 from mpca.runtime.record import ExchangeRecord, merge_records
 from mpca.runtime.reports import AgentReport
