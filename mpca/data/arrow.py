@@ -28,6 +28,11 @@ def _column_values(col: pa.Array) -> Tuple[np.ndarray, int]:
     raise ValueError(f"unsupported feature column type {col.type}; use array<float> (or a vector column)")
 
 
+def label_dtype(labels: np.ndarray) -> np.dtype:
+    """How labels are kept for training: integer labels as int64 (class indices), any others as float32."""
+    return np.dtype(np.int64 if np.issubdtype(labels.dtype, np.integer) else np.float32)
+
+
 def batch_arrays(b: pa.RecordBatch, features: str, label: str,
                  input_shape: Sequence[int]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
     """One record batch as (float32 features reshaped to ``(rows, *input_shape)``, labels); None if empty."""
@@ -43,14 +48,13 @@ def batch_arrays(b: pa.RecordBatch, features: str, label: str,
 
 def concat_arrays(arrays: List[Tuple[np.ndarray, np.ndarray]],
                   input_shape: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Batches from :func:`batch_arrays` as one (features, labels) pair of tensors (integer labels → int64)."""
+    """Batches from :func:`batch_arrays` as one (features, labels) pair of tensors (labels: :func:`label_dtype`)."""
     if not arrays:
         shape = (0, *(input_shape or (0,)))
         return torch.zeros(shape, dtype=torch.float32), torch.zeros(0, dtype=torch.int64)
     x = torch.from_numpy(np.concatenate([a for a, _ in arrays]))
     y = np.concatenate([b for _, b in arrays])
-    y_t = torch.from_numpy(y.astype(np.int64)) if np.issubdtype(y.dtype, np.integer) else torch.from_numpy(y.astype(np.float32))
-    return x, y_t
+    return x, torch.from_numpy(y.astype(label_dtype(y)))
 
 
 def batches_to_tensors(batches: Iterable[pa.RecordBatch], features: str, label: str,

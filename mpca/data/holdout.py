@@ -23,7 +23,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 
-from mpca.data.arrow import batch_arrays
+from mpca.data.arrow import batch_arrays, label_dtype
 from mpca.data.split import BUCKETS
 
 HASH_COLUMN = "__mpca_row_hash"  # the row's xxhash64(seed, features, label), added for the agents' job only
@@ -86,7 +86,7 @@ class HoldoutKeeper:
         h, x, y = self._smallest(self.max_rows)
         keep = h <= cut_off
         h, x = np.ascontiguousarray(h[keep], dtype=np.int64), np.ascontiguousarray(x[keep], dtype=np.float32)
-        y = np.ascontiguousarray(y[keep], dtype=np.int64 if np.issubdtype(y.dtype, np.integer) else np.float32)
+        y = np.ascontiguousarray(y[keep], dtype=label_dtype(y))
         return {"rows": int(len(h)), "label_dtype": y.dtype.name}, h.tobytes() + x.tobytes() + y.tobytes()
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from mpca.data.arrow import batch_arrays, concat_arrays
+from mpca.data.arrow import batch_arrays, concat_arrays, label_dtype
 
 
 def local_dir() -> str:
@@ -63,9 +63,9 @@ class _Spill:
         self._y = None
 
     def write(self, x: np.ndarray, y: np.ndarray) -> None:
-        if self._y is None:  # integer labels as int64, others as float32: what training indexes, no copy
+        if self._y is None:  # labels as training reads them (label_dtype): no copy then
             self.shape = x.shape[1:]
-            self.label_dtype = np.dtype(np.int64 if np.issubdtype(y.dtype, np.integer) else np.float32)
+            self.label_dtype = label_dtype(y)
             self._y = open(os.path.join(self.directory, f"labels.{self.label_dtype.name}"), "wb")
         self._x.write(np.ascontiguousarray(x, dtype=np.float32).data)
         self._y.write(np.ascontiguousarray(y, dtype=self.label_dtype).data)

@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from mpca.data.arrow import label_dtype
+
 START_ROWS = 1024  # rows an agent waits for before its first step (or all of its rows, where fewer)
 RAMP_DOUBLING_STEPS = 8  # the rows a ramp step may draw from double every this many steps
 
@@ -105,7 +107,7 @@ class LoadingRows:
         k = len(x)
         if k == 0:
             return
-        y = y.astype(np.int64) if np.issubdtype(y.dtype, np.integer) else y.astype(np.float32)
+        y = y.astype(label_dtype(y))
         n = self._n
         if self._x is None or n + k > len(self._x):  # double: readers keep the tensors they hold, rows [0, n) alike
             cap = max(2 * (len(self._x) if self._x is not None else 0), n + k, START_ROWS)
