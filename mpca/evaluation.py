@@ -131,11 +131,15 @@ class BackgroundEvaluator:
         self._thread.start()
         return True
 
+    def wait(self, timeout: float = 30.0) -> None:
+        """Until the evaluation under way (if any) has finished."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
     def drain(self) -> List[dict]:
         with self._lock:
             out, self._ready = self._ready, []
         return out
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._thread.join(30)
+        self.wait()

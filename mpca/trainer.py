@@ -249,6 +249,7 @@ class Trainer:
                                             self.loss_fn, ready["calibration"])
             if first_cycle == 0:  # the starting point of the curve: the initial model, before any agent stepped
                 evaluator.submit(initial, -1, 0.0, {}, 0.0, run.metrics)
+                evaluator.wait()  # scored first: the score due now must not be skipped as busy (a cycle late)
             return True
 
         try:
