@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -78,68 +79,107 @@ class SampleRate:
 
 
 class BackgroundEvaluator:
-    """Evaluates snapshots of the joint model in a thread, so the pipeline never waits for it.
+    """Scores snapshots of the joint model in a thread, so the pipeline never waits for it.
 
-    :meth:`submit` takes a snapshot (skipped while the previous one is still being evaluated);
-    :meth:`drain` returns the finished history rows, each with the snapshot it scored under
+    :meth:`submit` takes a snapshot and queues it: one is scored while one more waits, the oldest kept, so a
+    due score is late by at most one scoring, never by a whole cycle; a submission while both places are taken
+    is skipped (returns False) rather than stalling the pipeline or holding more copies of the model.  The
+    holdout may come after the first submissions (:meth:`set_holdout`: the agents set it aside as their rows
+    arrive); they wait for it, each scored as the model was when it was taken and reported under that wall
+    time.  :meth:`drain` returns the finished history rows, each with the snapshot it scored under
     ``"_snapshot"`` (the trainer keeps the one that met the target)."""
 
-    def __init__(self, model: torch.nn.Module, bound, buffers: str, hx: torch.Tensor, hy: torch.Tensor, loss_fn,
+    DEPTH = 2  # snapshots held at once: the one being scored and the one due next
+
+    def __init__(self, model: torch.nn.Module, bound, buffers: str, loss_fn,
                  calibration: Optional[torch.Tensor] = None):
         self.model = copy.deepcopy(model)
         self.calibration = calibration  # training inputs for BatchNorm statistics (buffers="local")
         self.bound = bound.layout.bind_module(self.model, buffers)
-        self.hx, self.hy, self.loss_fn = hx, hy, loss_fn
-        self._lock = threading.Lock()
+        self.loss_fn = loss_fn
+        self._holdout: Optional[tuple] = None
+        self._cond = threading.Condition()
+        self._queue: collections.deque = collections.deque()
+        self._scoring = False
+        self._closed = False
+        self._error: Optional[BaseException] = None
         self._ready: List[dict] = []
-        self._busy = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread = threading.Thread(target=self._work, name="mpca-eval", daemon=True)
+        self._thread.start()
+
+    @property
+    def has_holdout(self) -> bool:
+        return self._holdout is not None
+
+    def set_holdout(self, hx: torch.Tensor, hy: torch.Tensor) -> None:
+        """The rows every snapshot is scored on; the snapshots queued before they came are scored now."""
+        with self._cond:
+            self._holdout = (hx, hy)
+            self._cond.notify_all()
 
     def submit(self, joints, cycle: int, wall: float, reports, epochs: float = float("nan"),
                metrics: Optional[Callable[[], Dict[str, float]]] = None,
                sps: Optional[Dict[int, float]] = None, present: int = 0) -> bool:
-        """Score ``joints`` in the background (skipped while the previous evaluation runs: returns False);
+        """Queue ``joints`` for scoring (skipped while :attr:`DEPTH` snapshots are held: returns False);
         ``metrics``: the algorithm's own figures (:meth:`~mpca.algorithm.base.DriverRule.metrics`), taken only
-        when scored; ``sps``: each agent's samples/s (:class:`SampleRate`); ``present``: how many agents the
+        when queued; ``sps``: each agent's samples/s (:class:`SampleRate`); ``present``: how many agents the
         cycle had (membership; 0 for the initial model, before any agent)."""
-        if self._busy.is_set():
-            return False  # previous evaluation still running: skip rather than stall
-        snap = [j.clone() for j in joints]
-        weights = {a: r.weight for a, r in reports.items()}
-        rates = {a: r.steps_per_s for a, r in reports.items()}
-        resets = sum(r.resets for r in reports.values())
-        sps = dict(sps or {})
-        extra = metrics() if metrics is not None else {}
-        self._busy.set()
+        with self._cond:
+            if self._closed or len(self._queue) + self._scoring >= self.DEPTH:
+                return False
+        row = {"wall_s": wall, "cycle": cycle + 1, "holdout_error": math.nan, "holdout_loss": math.nan,
+               "samples_per_s": float(sum(sps.values())) if sps else float("nan"),
+               "epochs": epochs, "agents": present, "resets": sum(r.resets for r in reports.values()),
+               "weight": {a: r.weight for a, r in reports.items()},
+               "agent_steps_per_s": {a: r.steps_per_s for a, r in reports.items()},
+               "agent_samples_per_s": dict(sps or {}), **(metrics() if metrics is not None else {}),
+               "_snapshot": [j.clone() for j in joints]}
+        with self._cond:
+            self._queue.append(row)
+            self._cond.notify_all()
+        return True
 
-        def work():
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or (self._queue and self._holdout is not None))
+                if not (self._queue and self._holdout is not None):
+                    return  # closed, and nothing left that can be scored
+                row, (hx, hy) = self._queue.popleft(), self._holdout
+                self._scoring = True
             try:
-                for s, v in enumerate(snap):
+                for s, v in enumerate(row["_snapshot"]):
                     self.bound.write(s, v)
                 if self.calibration is not None:
                     recalibrate_batchnorm(self.model, self.calibration)
-                r = evaluate(self.model, self.hx, self.hy, self.loss_fn)
-                row = {"wall_s": wall, "cycle": cycle + 1, "holdout_error": r.error, "holdout_loss": r.loss,
-                       "samples_per_s": float(sum(sps.values())) if sps else float("nan"), "epochs": epochs,
-                       "agents": present, "resets": resets, "weight": weights, "agent_steps_per_s": rates, "agent_samples_per_s": sps, **extra, "_snapshot": snap}
-                with self._lock:
+                r = evaluate(self.model, hx, hy, self.loss_fn)
+                row.update(holdout_error=r.error, holdout_loss=r.loss)
+            except BaseException as e:  # the run reports it (drain): a curve that silently stops is worse
+                row, self._error = None, e
+            with self._cond:
+                if row is not None:
                     self._ready.append(row)
-            finally:
-                self._busy.clear()
-
-        self._thread = threading.Thread(target=work, name="mpca-eval", daemon=True)
-        self._thread.start()
-        return True
+                self._scoring = False
+                self._cond.notify_all()
 
     def wait(self, timeout: float = 30.0) -> None:
-        """Until the evaluation under way (if any) has finished."""
-        if self._thread is not None:
-            self._thread.join(timeout)
+        """Until every queued snapshot that can be scored (the holdout is there) has been."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._holdout is None or not (self._queue or self._scoring), timeout)
 
     def drain(self) -> List[dict]:
-        with self._lock:
+        """The finished rows, in the order their snapshots were taken; raises what a scoring raised."""
+        with self._cond:
+            if self._error is not None:
+                raise self._error
             out, self._ready = self._ready, []
         return out
 
-    def close(self) -> None:
-        self.wait()
+    def close(self, timeout: float = 30.0) -> None:
+        """Score what is queued, where the holdout is there, then stop the thread."""
+        self.wait(timeout)
+        with self._cond:
+            self._closed = True
+            self._queue.clear()  # what is left could not be scored in time, or never can (no holdout)
+            self._cond.notify_all()
+        self._thread.join(timeout)

@@ -230,26 +230,24 @@ class Trainer:
         out = _Outcome(history=[], first_cycle=first_cycle, t0=t0, cycles=first_cycle, prepare_s=time.time() - called)
         stop = StopRules(st.stop, t0, self.stop_requested)
         progress = Progress(st.progress, st.stop.target_error)
-        evaluator: Optional[BackgroundEvaluator] = None
+        # scores queue from the start and wait for the holdout where the agents set it aside (mpca.evaluation)
+        evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, self.loss_fn, ready["calibration"])
+        if first_cycle == 0:  # the starting point of the curve: the initial model, before any agent stepped
+            evaluator.submit(initial, -1, 0.0, {}, 0.0, run.metrics)
         saver = BackgroundSaver(st.checkpoint.dir, st.checkpoint.keep)
 
-        def scoring(wait_s: float = 0.0) -> bool:
-            """Whether the evaluator is there: built once the holdout is (the agents set it aside as their rows
-            arrive: asked for once every agent has all of them, or after ``wait_s`` of asking)."""
-            nonlocal evaluator
-            if evaluator is not None:
-                return True
-            if "hx" not in ready:
-                got = run.holdout_rows(wait_s) if wait_s or run.rows_loaded() else None
-                if got is None:
-                    return False
-                ready["hx"], ready["hy"] = got
-                check_holdout(ready["hy"])
-            evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, ready["hx"], ready["hy"],
-                                            self.loss_fn, ready["calibration"])
-            if first_cycle == 0:  # the starting point of the curve: the initial model, before any agent stepped
-                evaluator.submit(initial, -1, 0.0, {}, 0.0, run.metrics)
-                evaluator.wait()  # scored first: the score due now must not be skipped as busy (a cycle late)
+        def holdout_ready(wait_s: float = 0.0) -> bool:
+            """Whether the evaluator has the holdout: the agents set it aside as their rows arrive, so it is
+            asked for once every agent has all of them, or after ``wait_s`` of asking."""
+            if not evaluator.has_holdout:
+                got = ready.get("hx"), ready.get("hy")
+                if got[0] is None:
+                    got = run.holdout_rows(wait_s) if wait_s or run.rows_loaded() else None
+                    if got is None:
+                        return False
+                    check_holdout(got[1])
+                    ready["hx"], ready["hy"] = got
+                evaluator.set_holdout(*got)
             return True
 
         try:
@@ -277,16 +275,18 @@ class Trainer:
                     # the holdout's control jobs wait until the pipeline's first useful exchange (or its fill's
                     # two cycles, for the algorithms without one): they must not delay it
                     filled = out.first_exchange_s is not None or c - first_cycle >= 2
-                    if eval_wanted and filled and scoring() and evaluator.submit(
+                    if filled:
+                        holdout_ready()
+                    if eval_wanted and filled and evaluator.submit(
                             run.joint_vectors(), c, time.time() - t0, rec.agents, epochs, run.metrics, sps,
                             present=membership[0]):
-                        last_eval, eval_wanted = time.time(), False  # a due one the evaluator was busy for: next cycle
+                        last_eval, eval_wanted = time.time(), False  # a due one the evaluator had no room for: next cycle
                     if st.checkpoint.dir and out.cycles % st.checkpoint.every_cycles == 0:
                         saver.submit(self._snapshot(run, model, out.cycles, specs, time.time() - t0))
                     progress.update(out.cycles, None, sum(sps.values()) if sps else None,
                                     agents=membership)
                     met = False
-                    for row in evaluator.drain() if evaluator is not None else []:
+                    for row in evaluator.drain():
                         snapshot = row.pop("_snapshot")
                         out.history.append(row)
                         progress.update(out.cycles, row["holdout_error"], row["samples_per_s"])
@@ -298,11 +298,11 @@ class Trainer:
                     # optional throttle: fewer cycles leave more CPU to the agents where cores are shared
                     time.sleep(max(0.0, st.algorithm.cycle_interval_s - (time.time() - rec.t_submit)))
                     c += 1
-                if not scoring(st.cluster.agent_start_timeout_s):  # a run that ended before every row arrived
+                if not holdout_ready(st.cluster.agent_start_timeout_s):  # a run that ended before every row arrived
                     raise RunFailedError(f"the agents' rows did not all arrive within "
                                          f"{st.cluster.agent_start_timeout_s:.0f}s of the run's end; check the "
                                          "executors' logs")
-                evaluator.close()  # the scores still under way (the initial model's, where the holdout came late)
+                evaluator.close()  # the scores still queued (those taken before the holdout came, where it came late)
                 for row in evaluator.drain():
                     row.pop("_snapshot")
                     out.history.append(row)
@@ -313,8 +313,7 @@ class Trainer:
                 self.on_cycle.finish(None)  # the tracker's run ends as failed
             raise
         finally:
-            if evaluator is not None:
-                evaluator.close()
+            evaluator.close()
             saver.close()
             progress.close()
         result = self._finish(run, model, specs, saver, out, ready["hx"], ready["hy"], ready["calibration"])
