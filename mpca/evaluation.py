@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -127,7 +126,7 @@ class BackgroundEvaluator:
         with self._cond:
             if self._closed or len(self._queue) + self._scoring >= self.DEPTH:
                 return False
-        row = {"wall_s": wall, "cycle": cycle + 1, "holdout_error": math.nan, "holdout_loss": math.nan,
+        row = {"wall_s": wall, "cycle": cycle + 1, "holdout_error": float("nan"), "holdout_loss": float("nan"),
                "samples_per_s": float(sum(sps.values())) if sps else float("nan"),
                "epochs": epochs, "agents": present, "resets": sum(r.resets for r in reports.values()),
                "weight": {a: r.weight for a, r in reports.items()},

@@ -239,15 +239,15 @@ class Trainer:
         def holdout_ready(wait_s: float = 0.0) -> bool:
             """Whether the evaluator has the holdout: the agents set it aside as their rows arrive, so it is
             asked for once every agent has all of them, or after ``wait_s`` of asking."""
-            if not evaluator.has_holdout:
-                got = ready.get("hx"), ready.get("hy")
-                if got[0] is None:
-                    got = run.holdout_rows(wait_s) if wait_s or run.rows_loaded() else None
-                    if got is None:
-                        return False
-                    check_holdout(got[1])
-                    ready["hx"], ready["hy"] = got
-                evaluator.set_holdout(*got)
+            if evaluator.has_holdout:
+                return True
+            if "hx" not in ready:
+                got = run.holdout_rows(wait_s) if wait_s or run.rows_loaded() else None
+                if got is None:
+                    return False
+                check_holdout(got[1])
+                ready["hx"], ready["hy"] = got
+            evaluator.set_holdout(ready["hx"], ready["hy"])
             return True
 
         try:
@@ -276,11 +276,11 @@ class Trainer:
                     # two cycles, for the algorithms without one): they must not delay it
                     filled = out.first_exchange_s is not None or c - first_cycle >= 2
                     if filled:
-                        holdout_ready()
-                    if eval_wanted and filled and evaluator.submit(
-                            run.joint_vectors(), c, time.time() - t0, rec.agents, epochs, run.metrics, sps,
-                            present=membership[0]):
-                        last_eval, eval_wanted = time.time(), False  # a due one the evaluator had no room for: next cycle
+                        holdout_ready()  # the copies due before it wait for it in the evaluator
+                        if eval_wanted and evaluator.submit(
+                                run.joint_vectors(), c, time.time() - t0, rec.agents, epochs, run.metrics, sps,
+                                present=membership[0]):
+                            last_eval, eval_wanted = time.time(), False  # one it had no room for: next cycle
                     if st.checkpoint.dir and out.cycles % st.checkpoint.every_cycles == 0:
                         saver.submit(self._snapshot(run, model, out.cycles, specs, time.time() - t0))
                     progress.update(out.cycles, None, sum(sps.values()) if sps else None,
