@@ -13,6 +13,13 @@ def small_cnn():
     return SmallCNN(8)
 
 
+def per_process_cnn():
+    """A model_fn that builds other weights in every process (its own random source): executors cannot rebuild
+    the driver's initial model from the run's seed."""
+    torch.manual_seed(os.getpid())
+    return SmallCNN(8)
+
+
 def slowly(batches):
     """A mapInArrow body: a source that takes its time, 0.5 s a batch (longer than a Python worker takes to start)."""
     for b in batches:

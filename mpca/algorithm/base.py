@@ -294,6 +294,10 @@ class Algorithm(BaseModel):
     # cycles only observe (agent-initiated)
     exchange: ClassVar[Literal["cycle", "service"]] = "cycle"
     default_cycle_interval_s: ClassVar[float] = 0.0
+    # the agents rebuild the initial model on their executors from ``model_fn`` and the seed, its weights left
+    # out of their task; an agent whose rebuild differs takes the driver's model before it trains (a join,
+    # mpca.runtime.initial) — False where an agent cannot wait for that (DDP's replicas step together at once)
+    rebuilds_initial_model: ClassVar[bool] = True
     summary: ClassVar[str] = ""
 
     @property

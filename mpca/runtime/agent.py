@@ -31,6 +31,7 @@ from mpca.data.stream import ramp_rows
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError, listen
 from mpca.runtime.cluster import visible_gpus
+from mpca.runtime.initial import InitialModel, rebuild
 from mpca.runtime.reports import AgentReport
 
 log = logging.getLogger("mpca.agent")
@@ -51,7 +52,7 @@ class AgentSpec:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     optimizer_fn: Callable[[Any], torch.optim.Optimizer]
     layout: ShardLayout
-    init_state: Dict[str, np.ndarray]
+    initial: InitialModel  # the starting point: rebuilt from the seed on the executor, or its weights (mpca.runtime.initial)
     algorithm: Algorithm = field(default_factory=lambda: build_algorithm("single"))  # its agent rule, buffers
     training: TrainingSection = field(default_factory=TrainingSection)  # agents, batch size, pinning, device
     data: DataSection = field(default_factory=DataSection)  # input shape, memory budget
@@ -130,15 +131,6 @@ class DeviceClock:
         return {k: getattr(self, k) for k in self.FIELDS}
 
 
-def load_state(model: torch.nn.Module, state: Dict[str, np.ndarray]) -> None:
-    sd = {k: torch.from_numpy(np.asarray(v)) for k, v in state.items()}
-    model.load_state_dict(sd, strict=True)
-
-
-def model_state(model: torch.nn.Module) -> Dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
-
-
 def choose_device(gpu_addresses: List[str]) -> torch.device:
     """cuda:<addr> for the GPU Spark assigned to this task when CUDA is real, else the CPU."""
     if gpu_addresses and int(gpu_addresses[0]) < visible_gpus():
@@ -161,14 +153,21 @@ class Agent:
         self.ramp_steps: Optional[int] = None  # steps it made before its rows were all there
         self.id = agent_id
         self.attempt = attempt
-        # a replacement (Spark retried the task: its executor was lost) must not start from the initial model
-        # nor contribute before it holds the joint model: it waits for the driver's "join" (§5.3)
-        self.joining = attempt > 0 and spec.join_on_retry
         self.gpu_addresses = list(gpu_addresses or [])
         self.device = choose_device(self.gpu_addresses)
         torch.manual_seed(spec.seed + 1000 * agent_id)
-        self.model = spec.model_fn()
-        load_state(self.model, spec.init_state)  # every agent starts from the driver's joint model
+        # every agent starts from the driver's initial model; one that rebuilt other weights takes the driver's
+        # model at run time instead, as a replacement does (mpca.runtime.initial)
+        self.model, has_initial = rebuild(spec.initial, spec.model_fn)
+        # how it got the initial model: its weights in the task, rebuilt from the seed, or the driver's at run time
+        self.initial_model = "shipped" if spec.initial.shipped else "rebuilt" if has_initial else "joined"
+        if not has_initial:
+            log.warning("agent %s: model_fn under seed %d built other weights here than on the driver (another "
+                        "torch or CPU kind on this executor?); it takes the driver's model before it trains",
+                        agent_id, spec.initial.seed)
+        # a replacement (Spark retried the task: its executor was lost) must not start from the initial model,
+        # nor one without it train: neither contributes before it holds the joint model, the driver's "join" (§5.3)
+        self.joining = (attempt > 0 or not has_initial) and spec.join_on_retry
         self.model.to(self.device)
         self.optimizer = spec.optimizer_fn(self.model.parameters())
         self.shards = spec.layout.bind_module(self.model, spec.algorithm.buffers)
@@ -215,8 +214,8 @@ class Agent:
                                           self._asked_to_leave)
             # a replacement (or an elastic run's agent, which may come up late) starts from the server's current
             # model, not the run's first one
-            if attempt > 0 or spec.training.elastic:
-                self._join_service()
+            if attempt > 0 or spec.training.elastic or not has_initial:
+                self._join_service(rebuilt_other=not has_initial)
         self.codec = spec.codec
         ctx = AgentContext(agent_id=agent_id, agents=spec.training.agents, model=self.model,
                            optimizer=self.optimizer, shards=self.shards, device=self.device,
@@ -469,10 +468,12 @@ class Agent:
             raise ValueError(f"join payload has {vec.numel()} values, the model {sum(sizes)}")
         return [self.shards.split(s, part) for s, part in enumerate(torch.split(vec, sizes))]
 
-    def _join_service(self) -> None:
-        """A replacement of an agent-initiated algorithm (Spark retried its task): before its rule is built, the
-        local model becomes the parameter service's current model (the driver rule's join vectors, exact)."""
-        _, payload = self.service.request({"op": "join", "agent": self.id, "attempt": self.attempt})
+    def _join_service(self, rebuilt_other: bool) -> None:
+        """A replacement of an agent-initiated algorithm (Spark retried its task), an elastic run's agent or one
+        that rebuilt other initial weights (``rebuilt_other``): before its rule is built, the local model becomes
+        the parameter service's current model (the driver rule's join vectors, exact)."""
+        _, payload = self.service.request({"op": "join", "agent": self.id, "attempt": self.attempt,
+                                           "rebuilt_other": rebuilt_other})
         with torch.no_grad():
             for s, p in enumerate(self._joint_pieces(payload)):
                 torch._foreach_copy_(self.shards.views(s), p)
@@ -612,7 +613,8 @@ class Agent:
     def summary(self) -> dict:
         return {**self.report(exchange_s=self.exchange_s, alive_s=time.time() - self.started,
                               **self.device_clock.counters()).to_dict(),
-                "wall_s": time.time() - self.started, "data_on_disk": self.data_on_host, "ramp_steps": self.ramp_steps}
+                "wall_s": time.time() - self.started, "data_on_disk": self.data_on_host, "ramp_steps": self.ramp_steps,
+                "initial_model": self.initial_model}
 
     def close(self) -> None:
         try:

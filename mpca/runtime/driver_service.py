@@ -77,7 +77,8 @@ class DriverService:
             with self.cond:
                 self.bytes_out += len(data)
                 self.last_call[agent] = time.time()
-                if self.observed or int(header.get("attempt", 1)) > 0:  # not an elastic run's agent at its start
+                # not an elastic run's agent at its start, unless it could not rebuild the initial model
+                if self.observed or int(header.get("attempt", 1)) > 0 or header.get("rebuilt_other"):
                     self.joins[agent] = self.joins.get(agent, 0) + 1
             return {"ok": True, "n": vec.numel()}, data
         n = int(header.get("n", len(payload) // np.dtype(self.codec.dtype).itemsize))

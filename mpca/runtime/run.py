@@ -21,8 +21,8 @@ from mpca.config import Settings
 from mpca.data.checks import label_skew
 from mpca.data.split import holdout_cut
 from mpca.errors import RunFailedError
-from mpca.runtime import cluster, control
-from mpca.runtime.agent import AgentSpec, model_state
+from mpca.runtime import cluster, control, initial
+from mpca.runtime.agent import AgentSpec
 from mpca.runtime.agent_job import AgentJob
 from mpca.runtime.driver_service import DriverService
 from mpca.runtime.pipeline import ExchangePipeline
@@ -65,7 +65,8 @@ class AgentRun:
             self.service = DriverService(self.rule, secret, self.codec, max_payload, host,
                                          settings.cluster.service_port, self.agents, serves=serves)
         self.spec = AgentSpec(run_id=self.run_id, secret=secret, model_fn=model_fn, loss_fn=loss_fn,
-                              optimizer_fn=optimizer_fn, layout=self.layout, init_state=model_state(model),
+                              optimizer_fn=optimizer_fn, layout=self.layout,
+                              initial=initial.for_agents(model, model_fn, settings.seed, algo.rebuilds_initial_model),
                               algorithm=algo, training=training, data=settings.data, wire=settings.wire,
                               seed=settings.seed, max_payload=max_payload,
                               service=self.service.address if self.service else None,

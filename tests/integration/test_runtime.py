@@ -56,6 +56,11 @@ def test_one_reduce_job_per_cycle_and_a_deliver_job_per_broadcast(digits_fit):
     assert len(group_jobs) == jobs["cycle"] + jobs["deliver"] + jobs["correction"] + jobs["control"]
 
 
+def test_the_agents_rebuild_the_initial_model_from_the_seed(digits_fit):
+    _, fit = digits_fit  # its weights stayed out of the agents' task (mpca.runtime.initial)
+    assert [a["initial_model"] for a in fit.agents] == ["rebuilt", "rebuilt"], fit.agents
+
+
 def _executor_leftovers(sc):
     """Files of mpca runs (agent sockets, slot locks) in every executor's working directory."""
     import glob

@@ -10,7 +10,8 @@ import torch
 from mpca.algorithm import ShardLayout
 from mpca.algorithm.mpca import MPCA
 from mpca.config import DataSection, TrainingSection, WireSection
-from mpca.runtime.agent import Agent, AgentSpec, model_state
+from mpca.runtime.agent import Agent, AgentSpec
+from mpca.runtime.initial import InitialModel
 
 _SMALL = {"data": DataSection(input_shape=[3]), "training": TrainingSection(batch_size=2)}
 
@@ -27,7 +28,7 @@ def _model():
 def _agent():
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
-                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), init_state=model_state(m),
+                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), initial=InitialModel.shipping(m),
                      algorithm=MPCA(shards=2), **_SMALL)
     return Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
 
@@ -110,7 +111,7 @@ def test_agent_cpus_pin_the_training_thread_only():
 
     m = _AffinityProbe(3, 2)
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=lambda: _AffinityProbe(3, 2), loss_fn=lambda out, y: out.sum(),
-                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 1), init_state=model_state(m),
+                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 1), initial=InitialModel.shipping(m),
                      data=DataSection(input_shape=[3]), training=TrainingSection(batch_size=2, agent_cpus=[0]))
     a = Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
     before = os.sched_getaffinity(0)
@@ -173,7 +174,7 @@ def test_pull_comes_before_the_gradient_step_with_a_real_learning_rate():
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: (out ** 2).sum(),
                      optimizer_fn=lambda p: torch.optim.SGD(p, lr=0.1), layout=ShardLayout.from_module(m, 1),
-                     init_state=model_state(m), algorithm=MPCA(shards=1), **_SMALL)
+                     initial=InitialModel.shipping(m), algorithm=MPCA(shards=1), **_SMALL)
     a = Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
     x0 = [p.detach().clone() for p in a.model.parameters()]
     target = torch.zeros(a.spec.layout.shard_numel(0))
@@ -224,7 +225,7 @@ def test_an_older_delivery_is_ignored():
 def test_a_replacement_contributes_nothing_until_it_starts_from_the_joint_model():
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
-                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), init_state=model_state(m),
+                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), initial=InitialModel.shipping(m),
                      algorithm=MPCA(shards=2), **_SMALL)
     a = Agent(spec, 1, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long), attempt=1)
     assert a.joining
@@ -333,7 +334,7 @@ def test_an_agent_the_driver_knows_as_another_process_stops_and_waits_for_the_jo
 def _emulated_agent(step_s, device_speed=None):
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
-                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), init_state=model_state(m),
+                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), initial=InitialModel.shipping(m),
                      algorithm=MPCA(shards=2), data=DataSection(input_shape=[3]),
                      training=TrainingSection(batch_size=2, device_step_s=step_s, device_speed=device_speed or {}))
     return Agent(spec, 0, torch.zeros(64, 3), torch.zeros(64, dtype=torch.long))
@@ -411,7 +412,7 @@ def test_a_lossy_wire_yields_its_shard_encoded_with_error_feedback_and_decodes_d
 
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
-                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 1), init_state=model_state(m),
+                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 1), initial=InitialModel.shipping(m),
                      algorithm=MPCA(shards=1, pull="elastic"), wire=WireSection(format="int4", block=64), **_SMALL)
     a = Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
     codec, n = Codec("int4", 64), spec.layout.shard_numel(0)
@@ -438,7 +439,7 @@ def _ramp_agent(rows, seen):
         return out.sum()
 
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=loss, optimizer_fn=_frozen_sgd,
-                     layout=ShardLayout.from_module(m, 2), init_state=model_state(m), algorithm=MPCA(shards=2),
+                     layout=ShardLayout.from_module(m, 2), initial=InitialModel.shipping(m), algorithm=MPCA(shards=2),
                      data=DataSection(input_shape=[3]), training=TrainingSection(batch_size=4), classes=None)
     there = rows.ready()
     x, y = rows.view()
