@@ -11,9 +11,10 @@ any size.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Tuple
+from typing import Iterator, Tuple
 
 import numpy as np
 
@@ -70,17 +71,25 @@ class TeacherTask:
     def dataframe(self, spark, partitions: int = 4):
         """The task as a Spark DataFrame (``features: array<float>``, ``label: bigint``), generated on the
         executors from ``spark.range`` — no row crosses the driver."""
-        task = self
-
-        def generate(batches):
-            from mpca.data.datasets import arrow_table
-
-            for batch in batches:
-                x, y = task.take(batch.column("id").to_numpy())
-                yield from arrow_table(x, y).to_batches()
-
         return spark.range(0, self.rows, numPartitions=partitions).mapInArrow(
-            generate, "features array<float>, label bigint")
+            functools.partial(generate_rows, self), "features array<float>, label bigint")
+
+
+def generate_rows(task: TeacherTask, batches: Iterator) -> Iterator:
+    """The body of the task's ``mapInArrow``: the rows of each batch's ``id`` column.
+
+    Once its rows are out it imports torch, so that its Python worker goes back to the executor's pool with
+    torch loaded.  PySpark hands a task the pool's oldest idle worker, and the agents' next task (in a warm
+    session: a benchmark's next run, a notebook's next ``fit``) often got one of these, then imported torch
+    itself (~2 s of CPU per agent) before it started.  A table Spark reads itself (Parquet) has no Python
+    worker before the agents, and a warm session reuses the agents' own (README, "Start-up").  After the last
+    batch, the import delays no row."""
+    from mpca.data.datasets import arrow_table
+
+    for batch in batches:
+        x, y = task.take(batch.column("id").to_numpy())
+        yield from arrow_table(x, y).to_batches()
+    import torch  # noqa: F401  (the worker's next task may be an agent)
 
 
 @lru_cache(maxsize=8)

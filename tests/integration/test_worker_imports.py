@@ -30,3 +30,15 @@ def test_the_algorithm_package_imports_a_name_and_its_module_when_first_used(nam
     before, after, where = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                                           text=True).stdout.split()
     assert (before, after, where) == ("False", "True", module)
+
+
+def test_the_teacher_rows_worker_imports_torch_after_its_last_row_only():
+    """Its rows come without torch; its worker then goes back to the pool with torch loaded, for an agent
+    (mpca.data.synthetic.generate_rows)."""
+    code = ("import sys, pyarrow as pa\nfrom mpca.data.synthetic import TeacherTask, generate_rows\n"
+            "ids = [pa.RecordBatch.from_pydict({'id': pa.array(range(lo, lo + 100), pa.int64())}) for lo in (0, 100)]\n"
+            "rows = generate_rows(TeacherTask(rows=1000, features=8, hidden=8), iter(ids))\n"
+            "print(next(rows).num_rows, 'torch' in sys.modules)\n"
+            "print(sum(b.num_rows for b in rows), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.split() == ["100", "False", "100", "True"]
