@@ -70,15 +70,29 @@ def time_to(history, target: float) -> float:
     return float(hit["wall_s"].iloc[0]) if len(hit) else math.nan
 
 
+def _top_level_items(spec: str) -> List[str]:
+    """``spec`` cut at the commas outside braces and brackets: ``"mpca,gamma={target: 1, ramp_cycles: 0}"`` →
+    ``["mpca", "gamma={target: 1, ramp_cycles: 0}"]``."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        depth += (ch in "{[") - (ch in "}]")
+        if ch == "," and depth == 0:
+            items.append(spec[start:i])
+            start = i + 1
+    items.append(spec[start:])
+    return [p.strip() for p in items if p.strip()]
+
+
 def parse_variant(text: str) -> tuple:
     """``"push+pull=weaksync,c=3,pull_fraction=0.75"`` → ("push+pull", {"name": "weaksync", "c": 3, ...});
-    values are read as YAML scalars (numbers, true/false, null)."""
+    values are read as YAML (numbers, true/false, null, and mappings such as ``alpha={hold_cycles: 0, target:
+    0.1}``, whose commas do not end the key=value)."""
     import yaml
 
     from mpca.algorithm import build_algorithm
 
     label, _, spec = text.partition("=")
-    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    parts = _top_level_items(spec)
     if not label.strip() or not parts or "=" in parts[0]:
         raise ValueError(f"--variant takes LABEL=NAME,key=value,..., e.g. push=weaksync,c=3; got {text!r}")
     algo = {"name": parts[0]}
@@ -90,8 +104,8 @@ def parse_variant(text: str) -> tuple:
             algo[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError as e:  # e.g. a nested mapping cut at a comma: alpha={hold_cycles: 0
             raise ValueError(f"--variant {label}: {key.strip()}={value.strip()} is not a YAML value "
-                             f"({getattr(e, 'problem', None) or e}); a comma ends each key=value, so give a nested "
-                             f"setting one key at a time, e.g. alpha={{target: 0.1}}") from None
+                             f"({getattr(e, 'problem', None) or e}); give a nested setting as a YAML mapping, "
+                             f"e.g. alpha={{hold_cycles: 0, target: 0.1}}") from None
     try:
         build_algorithm(algo)
     except Exception as e:  # pydantic's ValidationError or an unknown name: one line

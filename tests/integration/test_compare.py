@@ -22,9 +22,11 @@ def test_a_variant_is_a_label_and_an_algorithm_with_its_settings():
         "push+pull", {"name": "weaksync", "c": 1, "pull_fraction": 0.75, "push_timeout_s": 0})
     assert parse_variant("a0=rudra-softsync,n=2,modulate=false")[1] == {"name": "rudra-softsync", "n": 2,
                                                                        "modulate": False}
+    assert parse_variant("g=mpca,gamma={target: 1.5, ramp_cycles: 0},shards=2,alpha={peak: 0.4}")[1] == {
+        "name": "mpca", "gamma": {"target": 1.5, "ramp_cycles": 0}, "shards": 2, "alpha": {"peak": 0.4}}
     for bad, why in [("weaksync", "LABEL=NAME"), ("x=c=3", "LABEL=NAME"), ("x=weaksync,c", "key=value"),
                      ("x=nope", "unknown algorithm"), ("x=weaksync,pull_fraction=2", "pull_fraction"),
-                     ("x=mpca,alpha={hold_cycles: 0, target: 1.0}", "not a YAML value")]:
+                     ("x=mpca,alpha={hold_cycles: 0, target: 1.0", "not a YAML value")]:
         with pytest.raises(ValueError, match=why):
             parse_variant(bad)
 
