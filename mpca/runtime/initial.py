@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -74,7 +74,7 @@ def for_agents(model: torch.nn.Module, model_fn: Callable[[], torch.nn.Module], 
     return shipped
 
 
-def rebuild(initial: InitialModel, model_fn: Callable[[], torch.nn.Module]) -> "tuple[torch.nn.Module, bool]":
+def rebuild(initial: InitialModel, model_fn: Callable[[], torch.nn.Module]) -> Tuple[torch.nn.Module, bool]:
     """The agent's side: its model, and whether it holds the driver's initial weights (False: the rebuild
     differed, and the agent must take the driver's model before it trains)."""
     if initial.shipped:

@@ -56,7 +56,8 @@ class AgentRun:
             self.rule.load_state_dict(driver_state)
         self.run_id = uuid.uuid4().hex[:10]
         secret = secrets.token_bytes(32)
-        max_payload = sum(self.layout.shard_nbytes(s) for s in range(self.layout.num_shards)) + 4096
+        model_bytes = sum(self.layout.shard_nbytes(s) for s in range(self.layout.num_shards))
+        max_payload = model_bytes + 4096
         host = settings.cluster.service_host or self.sc.getConf().get("spark.driver.host") or "127.0.0.1"
         self.codec = Codec.of(settings.wire.format, settings.wire.block, self.layout.wire_dtype)
         self.service = None  # the parameter service; for the other algorithms only where executors may be decommissioned
@@ -73,6 +74,8 @@ class AgentRun:
                               rendezvous=self.rule.rendezvous(host, settings.cluster.service_port), classes=classes,
                               holdout=(holdout_cut(settings.data.holdout), settings.data.holdout_max_rows)
                               if holdout_on_agents else None)
+        log.info("the initial model reaches the agents %s", f"as its weights ({model_bytes / 1e6:.1f} MB in each "
+                 "agent's task)" if self.spec.initial.shipped else f"as its seed ({settings.seed}): each rebuilds it")
         self.profile = cluster.agent_resource_profile(use_gpus, pinned=self.shape.agent_slots_per_executor > 0)
         self.job = AgentJob(self.sc, self.run_id)
         self.timeline = Timeline(training.timeline_window)  # the last cycles in memory, the rest on disk
