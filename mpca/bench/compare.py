@@ -102,7 +102,7 @@ def parse_variant(text: str) -> tuple:
             raise ValueError(f"--variant {label}: {p!r} is not key=value")
         try:
             algo[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError as e:  # e.g. a nested mapping cut at a comma: alpha={hold_cycles: 0
+        except yaml.YAMLError as e:  # e.g. a mapping left open: alpha={hold_cycles: 0
             raise ValueError(f"--variant {label}: {key.strip()}={value.strip()} is not a YAML value "
                              f"({getattr(e, 'problem', None) or e}); give a nested setting as a YAML mapping, "
                              f"e.g. alpha={{hold_cycles: 0, target: 0.1}}") from None

@@ -11,9 +11,8 @@ any size.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Iterator, Tuple
 
 import numpy as np
@@ -72,7 +71,7 @@ class TeacherTask:
         """The task as a Spark DataFrame (``features: array<float>``, ``label: bigint``), generated on the
         executors from ``spark.range`` — no row crosses the driver."""
         return spark.range(0, self.rows, numPartitions=partitions).mapInArrow(
-            functools.partial(generate_rows, self), "features array<float>, label bigint")
+            partial(generate_rows, self), "features array<float>, label bigint")
 
 
 def generate_rows(task: TeacherTask, batches: Iterator) -> Iterator:
