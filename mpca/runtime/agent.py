@@ -167,7 +167,8 @@ class Agent:
                         agent_id, spec.initial.seed)
         # a replacement (Spark retried the task: its executor was lost) must not start from the initial model,
         # nor one without it train: neither contributes before it holds the joint model, the driver's "join" (§5.3)
-        self.joining = (attempt > 0 or not has_initial) and spec.join_on_retry
+        needs_joint = attempt > 0 or not has_initial
+        self.joining = needs_joint and spec.join_on_retry
         self.model.to(self.device)
         self.optimizer = spec.optimizer_fn(self.model.parameters())
         self.shards = spec.layout.bind_module(self.model, spec.algorithm.buffers)
@@ -214,7 +215,7 @@ class Agent:
                                           self._asked_to_leave)
             # a replacement (or an elastic run's agent, which may come up late) starts from the server's current
             # model, not the run's first one
-            if attempt > 0 or spec.training.elastic or not has_initial:
+            if needs_joint or spec.training.elastic:
                 self._join_service(rebuilt_other=not has_initial)
         self.codec = spec.codec
         ctx = AgentContext(agent_id=agent_id, agents=spec.training.agents, model=self.model,
