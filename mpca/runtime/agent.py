@@ -435,10 +435,11 @@ class Agent:
 
     def startup(self) -> Dict[str, float]:
         """Seconds on this agent's clock: its wait for its rows (task start to its first rows — all of them where
-        they may spill to disk), building its model and channels, and since its task started (the driver
-        subtracts that from when the answer came)."""
+        they may spill to disk), building its model and channels, and since its task started; and when that was
+        on its executor's clock (the driver places it on its own: :func:`mpca.runtime.control.task_started_at`)."""
         start, loaded, built = self._startup
-        return {"data_s": loaded - start, "build_s": built - loaded, "since_start_s": time.time() - start}
+        return {"data_s": loaded - start, "build_s": built - loaded, "since_start_s": time.time() - start,
+                "started_at": start}
 
     def report(self, **kw) -> AgentReport:
         return AgentReport(agent=self.id, executor=self.executor, pid=os.getpid(), device=str(self.device),

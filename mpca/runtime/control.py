@@ -23,12 +23,30 @@ STOP_ATTEMPTS = 6
 HELLO_WAIT_S = 60.0
 
 
+def task_started_at(startup: dict, received: float, submitted: Optional[float]) -> float:
+    """When an agent's Spark task started, on the driver's clock.
+
+    The agent reports its task's start on its executor's clock (``started_at``) and the seconds since then at
+    its answer (``since_start_s``).  The hello job's results reach the driver together, when its last task ends
+    (the slowest agent's answer), so ``received - since_start_s`` is only an upper bound: every agent that
+    answered sooner would read as started as late as the slowest one's wait allows.  The executor's own clock
+    is exact where it is the driver's (local-cluster) and close to it where NTP keeps the hosts in step, so it
+    is taken, kept within what the driver's clock knows: no later than that bound and no earlier than the
+    agents' job was submitted (``submitted``)."""
+    latest = received - startup["since_start_s"]
+    at = startup.get("started_at")
+    if at is None:  # an agent of an older mpca: the bound is all there is
+        return latest
+    return min(latest, at if submitted is None else max(submitted, at))
+
+
 def hello(jobs: ExchangeJobs, expected: int, timeout_s: float, agent_job_alive: Callable[[], bool],
           why_ended: Callable[[], str] = lambda: "see the executors' logs", all_agents: Optional[int] = None,
-          grace_s: float = 5.0) -> Dict[int, AgentReport]:
+          grace_s: float = 5.0, submitted: Optional[float] = None) -> Dict[int, AgentReport]:
     """Wait until ``expected`` distinct agents answer (they may still be loading their data); they become the
     roster's agents.  Elastic (``all_agents`` > ``expected``): once ``expected`` answered, wait ``grace_s`` more
-    for the others (all of them: at once); those still not up are expected later (absent until they come)."""
+    for the others (all of them: at once); those still not up are expected later (absent until they come).
+    ``submitted``: when the agents' job was submitted, on the driver's clock (:func:`task_started_at`)."""
     seen: Dict[int, AgentReport] = {}
     deadline = time.time() + timeout_s
     attempt = 0
@@ -55,8 +73,8 @@ def hello(jobs: ExchangeJobs, expected: int, timeout_s: float, agent_job_alive: 
             raise RunFailedError(f"the agents' Spark job ended before all agents came up: {why_ended()}")
         received = time.time()
         for a, e in res.agents.items():
-            if e.startup and "since_start_s" in e.startup:  # its task's start on the driver's clock (no skew)
-                e.startup["task_started_at"] = received - e.startup["since_start_s"]
+            if e.startup and "since_start_s" in e.startup:  # its task's start on the driver's clock
+                e.startup["task_started_at"] = task_started_at(e.startup, received, submitted)
             if e.error:
                 raise UserError(e.error) if e.user_error else RunFailedError(f"agent {a} failed: {e.error}")
             seen[a] = e

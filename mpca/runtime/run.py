@@ -105,7 +105,8 @@ class AgentRun:
             training = self.settings.training
             self.agent_info = control.hello(self.pipeline.jobs, training.start_agents,
                                             self.settings.cluster.agent_start_timeout_s, self.job.alive,
-                                            self.job.failure, all_agents=self.agents if training.elastic else None)
+                                            self.job.failure, all_agents=self.agents if training.elastic else None,
+                                            submitted=t0)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -136,9 +137,9 @@ class AgentRun:
         return torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y))
 
     def startup_phases(self, t0: float) -> Dict[int, Dict[str, float]]:
-        """Per agent, on the run's clock (``t0`` its 0): when its Spark task started (from the agent's own
-        count of seconds since then, taken from the driver's time its hello answer came: late by at most the
-        handshake job's end), how long it read its data and how long it built its model and channels."""
+        """Per agent, on the run's clock (``t0`` its 0): when its Spark task started (its executor's clock, kept
+        within what the driver's allows: :func:`mpca.runtime.control.task_started_at`), how long it read its data
+        and how long it built its model and channels."""
         out = {}
         for a, r in self.agent_info.items():
             s = r.startup or {}
