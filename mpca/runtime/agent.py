@@ -516,7 +516,8 @@ class Agent:
                 if token in self.claimed_tokens:
                     return {"ok": False, "agent": self.id}, None
                 self.claimed_tokens.append(token)
-            extra = {"labels": self.label_counts, "startup": self.startup()} if header.get("for") == "hello" else {}
+            extra = {"labels": self.label_counts, "startup": self.startup(),
+                     "initial_model": self.initial_model} if header.get("for") == "hello" else {}
             return {"ok": True, **self.report(**extra).to_dict()}, None
         params = header.get("params") or {}
         cycle = header.get("cycle")

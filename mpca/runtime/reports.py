@@ -24,6 +24,7 @@ class AgentReport:
     rows: Optional[int] = None
     labels: Optional[Dict[str, int]] = None  # rows per class label in its data (sent with "hello" only)
     startup: Optional[Dict[str, float]] = None  # its start-up phases (Agent.startup; with "hello" only)
+    initial_model: Optional[str] = None  # rebuilt, shipped or joined (mpca.runtime.initial; with "hello" only)
     loading: Optional[bool] = None  # its rows are still arriving (mpca.data.stream); ``rows`` counts those there
     steps: Optional[int] = None
     samples: Optional[int] = None

@@ -113,6 +113,11 @@ class AgentRun:
         skew = label_skew({a: r.labels for a, r in self.agent_info.items()})
         if skew:
             log.warning(skew)
+        other = sorted(a for a, r in self.agent_info.items() if r.initial_model == "joined")
+        if other:
+            log.warning("agents %s built other initial weights from the seed than the driver did (another torch "
+                        "version or CPU kind on their executors, or a model_fn that draws from its own random "
+                        "state): they take the driver's model before they train", other)
         log.info("%d agents up after %.1fs (%s, algorithm %s)", len(self.agent_info), time.time() - t0,
                  self.layout.describe(), self.settings.algorithm.name)
         return self
