@@ -12,14 +12,57 @@ and when every agent had answered, both on the run's clock, and writes them to `
 PySpark hands a task the oldest idle worker of the executor's pool. Where a worker that only generated rows
 is handed to an agent, the agent imports torch first (~2 s of CPU here): `mpca.data.synthetic.generate_rows`
 imports torch after its last row so that such a worker comes back ready.
+
+``--workers`` logs every Python worker that generates rows (its process id, when it started, whether it had
+torch, and when its rows ran out: a worker whose output Spark stopped reading never gets there) and prints, per
+generated fit, how many started, which were freshly forked (no torch yet) and when, and how many never
+finished.  That shows the driver's
+first-rows check (a ``limit``) leaving one generating worker unread per fit, which PySpark then drops instead of
+pooling, so one executor forks a fresh generating worker in the next fit (README, "Where the first useful
+exchange's time goes").
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import sys
 import tempfile
 import time
+from functools import partial
+from typing import List
+
+
+def logged_rows(task, log_path: str, batches):
+    """:func:`mpca.data.synthetic.generate_rows`, with a line when the worker starts and one when its rows ran
+    out (pickled by value from ``__main__``: the executors need no ``lab`` package)."""
+    from mpca.data.synthetic import generate_rows
+
+    with open(log_path, "a") as f:
+        f.write(f"start {os.getpid()} {time.time():.3f} {int('torch' in sys.modules)}\n")
+    yield from generate_rows(task, batches)
+    with open(log_path, "a") as f:
+        f.write(f"end {os.getpid()} {time.time():.3f}\n")
+
+
+def worker_lines(log_path: str) -> List[tuple]:
+    """(kind, pid, time, torch-at-start) of every logged line, in the order written."""
+    if not os.path.exists(log_path):
+        return []
+    with open(log_path) as f:
+        return [(w[0], int(w[1]), float(w[2]), w[3:] == ["1"]) for w in (line.split() for line in f) if len(w) >= 3]
+
+
+def describe_workers(lines: List[tuple], since: float, until: float) -> str:
+    """One fit's generating workers: those started in [since, until), the freshly forked ones (without torch:
+    every pooled worker has it, an agent's and, after its last row, a generating one's) and the unfinished ones."""
+    started = [(pid, t, torch) for kind, pid, t, torch in lines if kind == "start" and since <= t < until]
+    ended = {pid for kind, pid, t, _ in lines if kind == "end" and t >= since}
+    fresh = [t - since for _, t, torch in started if not torch]
+    return (f"generating workers: {len(started)} started, {len(fresh)} freshly forked (at "
+            f"{', '.join(f'+{t:.1f}' for t in fresh) or '-'} s), {sum(p not in ended for p, _, _ in started)} "
+            f"never finished their rows")
 
 
 def main(argv=None) -> int:
@@ -27,6 +70,7 @@ def main(argv=None) -> int:
     p.add_argument("-c", "--config", default="conf/teacher_mlp.yaml")
     p.add_argument("--fits", type=int, default=3, help="fits per source (default 3)")
     p.add_argument("--out", default="warm_fits.json")
+    p.add_argument("--workers", action="store_true", help="log the rows' generating Python workers (see above)")
     p.add_argument("overrides", nargs="*", help="KEY=VALUE settings, as for mpca train")
     a = p.parse_args(argv)
 
@@ -44,6 +88,15 @@ def main(argv=None) -> int:
     try:
         generated = job_dataframe(spark, cfg.data, cfg.training.agents)
         generated.write.parquet(f"{out}/rows")
+        log_path = f"{out}/workers.log"
+        if a.workers:
+            if cfg.data.dataset != "teacher":
+                raise SystemExit("--workers logs the teacher task's generating workers: data.dataset must be teacher")
+            from mpca.data.synthetic import TeacherTask
+
+            generated = spark.range(0, cfg.data.teacher.rows, numPartitions=generated.rdd.getNumPartitions()) \
+                .mapInArrow(partial(logged_rows, TeacherTask(**cfg.data.teacher.model_dump()), log_path),
+                            "features array<float>, label bigint")
         sources = {"generated": generated, "parquet": spark.read.parquet(f"{out}/rows")}
         for source, df in sources.items():
             for i in range(a.fits):
@@ -56,6 +109,9 @@ def main(argv=None) -> int:
                 print(f"{source:9s} fit {i}: agents' tasks started {rows[-1]['tasks_started_s']:.1f} s, agents up "
                       f"{fit.agents_up_s:.1f} s, first useful exchange {fit.first_exchange_s or float('nan'):.1f} s",
                       flush=True)
+                if a.workers and source == "generated":
+                    rows[-1]["workers"] = describe_workers(worker_lines(log_path), called, time.time())
+                    print(f"          {rows[-1]['workers']}", flush=True)
     finally:
         spark.stop()
         shutil.rmtree(out, ignore_errors=True)
