@@ -186,7 +186,7 @@ class Trainer:
         from mpca.runtime.run import AgentRun
         from mpca.stopping import StopRules
 
-        from mpca.data.checks import NO_ROWS, check_dataframe, labels_problem
+        from mpca.data.checks import NO_ROWS, check_dataframe, check_schema, labels_problem
         from mpca.data.holdout import with_row_hash
         from mpca.runtime.cluster import require_classic
 
@@ -206,8 +206,12 @@ class Trainer:
         # was a second scan of every row), except in an elastic run, whose agents may come later, or without an
         # input shape (the rows' width comes from the data): the driver reads it first, as before.
         on_agents = not st.training.elastic and d.holdout > 0 and bool(d.input_shape)
-        classes = check_dataframe(train_df, d.features, d.label, d.input_shape, self.model_fn, self.loss_fn,
-                                  self.optimizer_fn, full=False)  # the first rows: each agent checks all of its own
+        if train_df.rdd.getNumPartitions() == 0:  # limit(0), an empty local relation: known without a job
+            raise UserError(NO_ROWS)
+        fns = (self.model_fn, self.loss_fn, self.optimizer_fn)
+        # no row read before the agents' job where the rows' shape is given: the agents check every row they load
+        classes = (check_schema(train_df.schema, d.features, d.label, d.input_shape, *fns) if d.input_shape else
+                   check_dataframe(train_df, d.features, d.label, d.input_shape, *fns, full=False))
         ready: Dict[str, object] = {"calibration": self._calibration(model, train_df)}
 
         def check_holdout(hy):

@@ -216,6 +216,17 @@ def tracked_rows():
              "weight": {0: 3}} for c, e in [(5, 0.5), (10, 0.2), (15, float("nan"))]]
 
 
+def agents_job_only(batches):
+    """A mapInArrow body that fails outside the agents' own job (its job group ends in ``-agents``): any other
+    read of the rows — a driver's check of the first rows, a holdout scan — raises."""
+    from pyspark import TaskContext
+
+    group = TaskContext.get().getLocalProperty("spark.jobGroup.id") or ""
+    if not group.endswith("-agents"):
+        raise RuntimeError(f"rows read outside the agents' job (job group {group!r})")
+    yield from batches
+
+
 def only_partition_zero(batches):
     """A mapInArrow body that fails in every partition but the first: a read of any other partition raises."""
     from pyspark import TaskContext

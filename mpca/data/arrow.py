@@ -8,24 +8,28 @@ import pyarrow as pa
 import torch
 
 
+class UnreadableRows(ValueError):
+    """Rows whose feature or label column cannot become tensors (the user's data to fix: one line)."""
+
+
 def _column_values(col: pa.Array) -> Tuple[np.ndarray, int]:
     """Flatten a (possibly nested) list column into its numeric values and the row width."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
         if col.null_count:
-            raise ValueError("feature column contains null rows")
+            raise UnreadableRows("feature column contains null rows")
         flat = col.flatten()
         if pa.types.is_list(flat.type) or pa.types.is_fixed_size_list(flat.type):
             flat = flat.flatten()
         values = flat.to_numpy(zero_copy_only=False)
         width = len(values) // len(col) if len(col) else 0
         if width * len(col) != len(values):
-            raise ValueError("feature arrays have different lengths across rows")
+            raise UnreadableRows("feature arrays have different lengths across rows")
         return values, width
     if pa.types.is_floating(col.type) or pa.types.is_integer(col.type):
         return col.to_numpy(zero_copy_only=False), 1
-    raise ValueError(f"unsupported feature column type {col.type}; use array<float> (or a vector column)")
+    raise UnreadableRows(f"unsupported feature column type {col.type}; use array<float> (or a vector column)")
 
 
 def label_dtype(labels: np.ndarray) -> np.dtype:
@@ -41,9 +45,14 @@ def batch_arrays(b: pa.RecordBatch, features: str, label: str,
     values, width = _column_values(b.column(b.schema.get_field_index(features)))
     expected = int(np.prod(input_shape)) if input_shape else width
     if width != expected:
-        raise ValueError(f"rows of {features!r} have {width} values but input_shape {tuple(input_shape)} needs {expected}")
+        raise UnreadableRows(f"rows of {features!r} have {width} values but input_shape {tuple(input_shape)} needs "
+                             f"{expected}")
     x = values.astype(np.float32, copy=False).reshape(b.num_rows, *(input_shape or (width,)))
-    return x, b.column(b.schema.get_field_index(label)).to_numpy(zero_copy_only=False)
+    labels = b.column(b.schema.get_field_index(label))
+    if labels.null_count:
+        raise UnreadableRows(f"label column {label!r} holds nulls ({labels.null_count} of {b.num_rows} rows in a batch); "
+                             "drop or fill those rows")
+    return x, labels.to_numpy(zero_copy_only=False)
 
 
 def concat_arrays(arrays: List[Tuple[np.ndarray, np.ndarray]],

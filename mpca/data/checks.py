@@ -3,9 +3,11 @@
 Each failure is a :class:`~mpca.errors.UserError` with one line saying what is wrong and how to fix it:
 an empty data set, labels outside the model's classes, a model that cannot take the rows, an output the
 loss cannot use, an ``optimizer_fn`` that raises.  ``mpca train`` runs them on local Parquet data before
-Spark starts (:func:`check_parquet`); the Trainer runs them on the DataFrame's first rows before the agents'
-job (:func:`check_dataframe` with ``full=False``), and every agent checks the labels of all its rows as they
-arrive (:func:`labels_problem`): no pass over the whole data set before training — that pass was a
+Spark starts (:func:`check_parquet`); the Trainer checks a DataFrame's schema and the training functions on a
+batch of zeros before the agents' job (:func:`check_schema`; on its first rows, :func:`check_dataframe` with
+``full=False``, where no ``data.input_shape`` is given), and every agent checks all its rows as they arrive
+(:func:`labels_problem`, :class:`~mpca.data.arrow.UnreadableRows`): no pass over the whole data set before
+training — that pass was a
 second read of every row (measured: 3.1–3.6 s of the 1 M-row benchmark task's start-up on this machine) and
 grows with the data.  A dry run (``mpca train --dry-run``) still aggregates every row on the driver.
 """
@@ -133,6 +135,16 @@ def check_batch(model_fn: Callable, loss_fn: Callable, optimizer_fn: Callable, x
     return classes
 
 
+def unreadable(features: str, label: str, why) -> str:
+    """The one line for rows whose columns cannot become tensors (on the driver or in an agent)."""
+    return f"the data's columns {features!r}/{label!r} cannot be read: {why}"
+
+
+def found_in_agent(line: str, agent: int) -> str:
+    """A problem with an agent's rows, naming the agent (its rows are its partitions of the data)."""
+    return f"{line} (found in agent {agent}'s rows)"
+
+
 def tensors(table, features: str, label: str, input_shape: Sequence[int]):
     """Rows of an Arrow table as (x, y), with column mistakes as one line."""
     from mpca.data.arrow import batches_to_tensors
@@ -140,7 +152,35 @@ def tensors(table, features: str, label: str, input_shape: Sequence[int]):
     try:
         return batches_to_tensors(table.to_batches(), features, label, input_shape)
     except (ValueError, TypeError, KeyError) as e:
-        raise UserError(f"the data's columns {features!r}/{label!r} cannot be read: {e}") from None
+        raise UserError(unreadable(features, label, e)) from None
+
+
+def check_schema(schema, features: str, label: str, input_shape: Sequence[int], model_fn: Callable,
+                 loss_fn: Callable, optimizer_fn: Callable) -> Optional[int]:
+    """A Spark DataFrame checked without reading a row: its columns' types, and a batch of zeros shaped as
+    ``input_shape`` (labels of the label column's kind) through the model, the loss and the optimizer, as
+    :func:`check_batch`.  Returns the model's class count for integer labels, else None.  The rows' values
+    (their widths, nulls, label range, whether there are any) are the agents' to check as they load them.
+
+    Reading the first rows on the driver was a job of its own before the agents' job.  Where the rows come
+    out of a Python worker (a ``mapInArrow``, a Python UDF), that job leaves the worker with output nobody
+    reads, and PySpark drops it instead of returning it to the executor's pool: the agent that executor
+    runs next forked a fresh one and imported its modules again, the last agent up 2.5 s after the others
+    (README, "Start-up")."""
+    from pyspark.sql.types import ArrayType, BooleanType, IntegralType, NumericType
+
+    f_type, l_type = schema[features].dataType, schema[label].dataType
+    inner = f_type.elementType if isinstance(f_type, ArrayType) else None
+    inner = inner.elementType if isinstance(inner, ArrayType) else inner
+    if not isinstance(inner if isinstance(f_type, ArrayType) else f_type, NumericType):
+        raise UserError(unreadable(features, label, f"unsupported feature column type {f_type.simpleString()}; "
+                                                    "use array<float> (or a vector column)"))
+    if not isinstance(l_type, (NumericType, BooleanType)):
+        raise UserError(unreadable(features, label, f"unsupported label column type {l_type.simpleString()}; use "
+                                                    "integers for class indices or floats for regression targets"))
+    x = torch.zeros((2, *input_shape), dtype=torch.float32)
+    y = torch.zeros(2, dtype=torch.int64 if isinstance(l_type, IntegralType) else torch.float32)
+    return check_batch(model_fn, loss_fn, optimizer_fn, x, y, None, label, input_shape)
 
 
 def check_columns(names: Sequence[str], features: str, label: str) -> None:

@@ -26,7 +26,8 @@ import torch
 from mpca.algorithm import AgentContext, AgentRule, Algorithm, ShardLayout, build_algorithm
 from mpca.algorithm.wire import Codec, ErrorFeedback
 from mpca.config import DataSection, TrainingSection, WireSection
-from mpca.data.checks import label_counts, labels_problem
+from mpca.data.arrow import UnreadableRows
+from mpca.data.checks import found_in_agent, label_counts, labels_problem, unreadable
 from mpca.data.stream import ramp_rows
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError, listen
@@ -144,7 +145,7 @@ class Agent:
     def __init__(self, spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
                  gpu_addresses: Optional[List[str]] = None, attempt: int = 0, data_on_host: bool = False,
                  task_started: Optional[float] = None, data_loaded: Optional[float] = None, holdout=None,
-                 loading=None):
+                 loading=None, problem: Optional[str] = None):
         self.spec = spec
         self.holdout = holdout  # its holdout rows (mpca.data.holdout.HoldoutKeeper), where it set them aside
         # its rows while they still arrive (mpca.data.stream.LoadingRows; ``features``/``labels`` the first ones):
@@ -187,9 +188,10 @@ class Agent:
         self.last_loss = float("nan")
         self.claimed_tokens = collections.deque(maxlen=64)  # one claim per token (a cycle has a token per task kind)
         self.last_contact = time.time()
-        # the driver checked the first rows only; this agent's rows are all here: refused before it serves
-        problem = labels_problem(labels, spec.classes, spec.data.label)
-        self.error: Optional[str] = problem and f"{problem} (found in agent {agent_id}'s rows)"
+        # the driver read no row (or the first ones only); this agent's rows are all here: refused before it
+        # serves. ``problem``: its rows could not be read (one line, already naming the agent)
+        found = labels_problem(labels, spec.classes, spec.data.label)
+        self.error: Optional[str] = problem or (found and found_in_agent(found, agent_id))
         self.user_error = self.error is not None  # the user's to fix: one line, no traceback
         self.stop_requested = False
         self.leaving = False
@@ -333,6 +335,14 @@ class Agent:
             return True
         return False
 
+    def _loading_failure(self, loading) -> Tuple[str, bool]:
+        """Why its rows stopped arriving: (the line, whether it is the user's data to fix)."""
+        if loading.problem:
+            return found_in_agent(loading.problem, self.id), True
+        if isinstance(loading.error, UnreadableRows):
+            return found_in_agent(unreadable(self.spec.data.features, self.spec.data.label, loading.error), self.id), True
+        return f"agent {self.id} could not read its rows: {loading.error!r}", False
+
     def _ramp(self, gen: torch.Generator, bs: int) -> bool:
         """Training while its rows arrive (:mod:`mpca.data.stream`): ramp step r draws its batch from the first
         ``ramp_rows(r)`` rows, waiting where fewer are there yet; once they are all there and the ramp covers
@@ -345,9 +355,7 @@ class Agent:
             want = ramp_rows(r)
             there = loading.wait(want, timeout=0.05)
             if loading.problem or loading.error is not None:
-                self.user_error = loading.problem is not None
-                self.error = (f"{loading.problem} (found in agent {self.id}'s rows)" if loading.problem else
-                              f"agent {self.id} could not read its rows: {loading.error!r}")
+                self.error, self.user_error = self._loading_failure(loading)
                 return False
             if loading.done and there <= want:
                 break
@@ -635,7 +643,7 @@ def _np_dtype(dtype: torch.dtype):
 def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
               gpu_addresses: Optional[List[str]] = None, attempt: int = 0, slot: Optional[str] = None,
               data_on_host: bool = False, task_started: Optional[float] = None,
-              data_loaded: Optional[float] = None, holdout=None, loading=None) -> dict:
+              data_loaded: Optional[float] = None, holdout=None, loading=None, problem: Optional[str] = None) -> dict:
     """Run one agent in this Spark task until the driver says stop; return its summary.
 
     Takes an exclusive lock per (executor, device slot) so that a retried agent
@@ -654,7 +662,7 @@ def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: to
     srv = agent = None
     try:
         agent = Agent(spec, agent_id, features, labels, gpu_addresses, attempt, data_on_host, task_started, data_loaded,
-                      holdout, loading)
+                      holdout, loading, problem)
         srv = listen(sock_path)
         server = threading.Thread(target=agent.serve, args=(srv,), daemon=True)
         server.start()

@@ -33,6 +33,7 @@ def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.
     import torch
     from pyspark import TaskContext
 
+    from mpca.data.arrow import UnreadableRows
     from mpca.data.spill import Partition, load_partition
 
     tc = TaskContext.get()
@@ -42,26 +43,33 @@ def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.
     slots = list(res["agentslot"].addresses) if "agentslot" in res else []
     torch.set_num_threads(max(1, tc.cpus()))
     part = keeper = loading = None
+    problem: Optional[str] = None
     try:
         if spec.holdout is not None:  # its rows come with their hash: the holdout's are set aside as they load
             from mpca.data.holdout import HoldoutKeeper
 
             keeper = HoldoutKeeper(*spec.holdout, features, label, spec.data.input_shape)
             batches = keeper.training_batches(batches)
-        if spec.data.stream and spec.data.agent_memory_mb is None:  # it trains on its first rows while the rest arrive
-            loading = _start_loading(spec, features, label, batches)
-            there = loading.ready()  # before the view: the tensors it gets hold at least these rows
-            x, y = loading.view()
-            part = Partition(x[:there], y[:there])
-        else:  # every row read first (spilled to disk where over a memory budget)
-            loading, part = None, load_partition(batches, features, label, spec.data.input_shape,
-                                                 spec.data.agent_memory_mb)
+        try:
+            if spec.data.stream and spec.data.agent_memory_mb is None:  # it trains on its first rows as the rest arrive
+                loading = _start_loading(spec, features, label, batches)
+                there = loading.ready()  # before the view: the tensors it gets hold at least these rows
+                x, y = loading.view()
+                part = Partition(x[:there], y[:there])
+            else:  # every row read first (spilled to disk where over a memory budget)
+                loading, part = None, load_partition(batches, features, label, spec.data.input_shape,
+                                                     spec.data.agent_memory_mb)
+        except UnreadableRows as e:  # the user's rows: the agent still answers the driver, with this one line
+            from mpca.data.checks import found_in_agent, unreadable
+
+            problem = found_in_agent(unreadable(features, label, e), agent_id)
+            part = Partition(torch.zeros((0, *spec.data.input_shape)), torch.zeros(0, dtype=torch.int64))
         loaded = time.time()
         # a retry within the stage attempt is a replacement; one in a resubmitted stage (lost shuffle input)
         # restarts at attempt 0, and the driver recognises it by its new process (see ExchangePlan.pids)
         summary = run_agent(spec, agent_id, part.features, part.labels, gpus, attempt=tc.attemptNumber(),
                             slot=slots[0] if slots else None, data_on_host=part.spilled, task_started=started,
-                            data_loaded=loaded, holdout=keeper, loading=loading)
+                            data_loaded=loaded, holdout=keeper, loading=loading, problem=problem)
         if loading is not None:
             loading.drop_rest()
             summary["load_s"] = (loading.finished_at or loaded) - started

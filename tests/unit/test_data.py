@@ -63,6 +63,47 @@ def test_wrong_width_is_a_clear_error():
         batches_to_tensors(bad.to_batches(), "features", "label", (1,))
 
 
+def test_null_labels_are_unreadable_rows_not_nan_targets():
+    from mpca.data.arrow import UnreadableRows
+
+    t = pa.table({"features": pa.array([[1.0, 2.0], [3.0, 4.0]]), "label": pa.array([1, None], type=pa.int64())})
+    with pytest.raises(UnreadableRows, match="label column 'label' holds nulls \\(1 of 2 rows"):
+        batches_to_tensors(t.to_batches(), "features", "label", (2,))
+
+
+def test_the_schema_check_reads_no_row_and_returns_the_class_count_of_integer_labels():
+    """:func:`check_schema`: the columns' Spark types and a batch of zeros through the training functions —
+    a class count for integer labels, None for float targets, one line for each mistake."""
+    from pyspark.sql.types import (ArrayType, DoubleType, FloatType, LongType, StringType, StructField,
+                                   StructType)
+
+    from mpca.data.checks import check_schema
+    from mpca.errors import UserError
+
+    def schema(features, label):
+        return StructType([StructField("features", features), StructField("label", label)])
+
+    def adam(p):
+        return torch.optim.Adam(p)
+
+    def check(s, model=lambda: torch.nn.Linear(4, 3), loss=torch.nn.functional.cross_entropy, shape=(4,)):
+        return check_schema(s, "features", "label", shape, model, loss, adam)
+
+    assert check(schema(ArrayType(FloatType()), LongType())) == 3
+    assert check(schema(ArrayType(ArrayType(DoubleType())), LongType()), shape=(2, 2),
+                 model=lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))) == 3
+    mse = lambda out, y: torch.nn.functional.mse_loss(out.squeeze(1), y)  # noqa: E731
+    assert check(schema(ArrayType(FloatType()), DoubleType()), model=lambda: torch.nn.Linear(4, 1), loss=mse) is None
+    with pytest.raises(UserError, match="cannot be read: unsupported feature column type string"):
+        check(schema(StringType(), LongType()))
+    with pytest.raises(UserError, match="unsupported label column type array<float>"):
+        check(schema(ArrayType(FloatType()), ArrayType(FloatType())))
+    with pytest.raises(UserError, match="the model cannot take the data's rows \\(shape \\(2, 5\\)"):
+        check(schema(ArrayType(FloatType()), LongType()), shape=(5,))
+    with pytest.raises(UserError, match="does not fit the loss"):
+        check(schema(ArrayType(FloatType()), LongType()), loss=mse)
+
+
 def test_the_holdout_is_the_hash_buckets_below_its_fraction():
     from mpca.data.split import BUCKETS, holdout_cut
 
