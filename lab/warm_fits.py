@@ -16,10 +16,10 @@ imports torch after its last row so that such a worker comes back ready.
 ``--workers`` logs every Python worker that generates rows (its process id, when it started, whether it had
 torch, and when its rows ran out: a worker whose output Spark stopped reading never gets there) and prints, per
 generated fit, how many started, which were freshly forked (no torch yet) and when, and how many never
-finished.  That shows the driver's
-first-rows check (a ``limit``) leaving one generating worker unread per fit, which PySpark then drops instead of
-pooling, so one executor forks a fresh generating worker in the next fit (README, "Where the first useful
-exchange's time goes").
+finished.  Until 2026-11-28 that showed the driver's
+first-rows check (a ``limit``) leaving one generating worker unread per fit, which PySpark then dropped instead
+of pooling, so one executor forked a fresh generating worker in the next fit (README, "Where the first useful
+exchange's time goes"); the driver now reads no row before the agents' job, and none is left unfinished.
 """
 from __future__ import annotations
 
