@@ -63,7 +63,8 @@ def test_trainer_refuses_bad_input_before_any_agent_starts(spark, case):
     while tracker.getActiveJobsIds() and time.time() < deadline:
         time.sleep(0.2)
     assert not tracker.getActiveJobsIds()  # no agent job started (it would run until stopped), nothing left running
-    if case not in ("cluster too small", "min_agents above agents"):  # found without Spark: no job at all
+    if case not in ("cluster too small", "min_agents above agents"):  # the data's and the functions' mistakes:
+        # found with no Spark job at all (no row read before the agents')
         assert not [j for j in tracker.getJobIdsForGroup(None) if j > jobs_before], "a job ran before the agents"
 
 
@@ -72,7 +73,8 @@ def test_trainer_refuses_bad_rows_from_the_agent_that_loads_them_in_one_line(spa
     change, expected = ROWS_CASES[case]
     tracker = spark.sparkContext.statusTracker()
     with pytest.raises(UserError) as err:
-        Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8), max_cycles=3, spark=spark).fit(change(dataset_dataframe(spark, "digits")))
+        Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
+                max_cycles=3, spark=spark).fit(change(dataset_dataframe(spark, "digits")))
     assert expected in str(err.value) and "\n" not in str(err.value), err.value
     assert case == "no row passes a filter" or "found in agent" in str(err.value), err.value
     deadline = time.time() + 10
