@@ -170,9 +170,10 @@ def check_schema(schema, features: str, label: str, input_shape: Sequence[int], 
     from pyspark.sql.types import ArrayType, BooleanType, IntegralType, NumericType
 
     f_type, l_type = schema[features].dataType, schema[label].dataType
-    inner = f_type.elementType if isinstance(f_type, ArrayType) else None
-    inner = inner.elementType if isinstance(inner, ArrayType) else inner
-    if not isinstance(inner if isinstance(f_type, ArrayType) else f_type, NumericType):
+    values = f_type
+    for _ in range(2):  # an array of numbers, or of arrays of numbers (images), as mpca.data.arrow reads them
+        values = values.elementType if isinstance(values, ArrayType) else values
+    if not isinstance(values, NumericType):
         raise UserError(unreadable(features, label, f"unsupported feature column type {f_type.simpleString()}; "
                                                     "use array<float> (or a vector column)"))
     if not isinstance(l_type, (NumericType, BooleanType)):
