@@ -211,11 +211,13 @@ def log_model_kwargs(log_model: Callable, model, example, register_as: Optional[
 
 def input_example(df, data, rows: int = EXAMPLE_ROWS):
     """The features of the first ``rows`` rows of a Spark DataFrame as the model takes them: a float32 numpy
-    array of shape ``(rows, *data.input_shape)`` (``data``: a settings ``data`` section)."""
-    from mpca.compat import to_arrow
+    array of shape ``(rows, *data.input_shape)`` (``data``: a settings ``data`` section).  Read as
+    ``DataFrame.take`` reads (:func:`mpca.compat.take_arrow`): the first partition, not every partition's first
+    rows."""
+    from mpca.compat import take_arrow
     from mpca.data.checks import tensors
 
-    sample = to_arrow(df.select(data.features, data.label).limit(rows))
+    sample = take_arrow(df.select(data.features, data.label), rows)
     x, _ = tensors(sample, data.features, data.label, data.input_shape)
     return x.numpy()
 

@@ -221,9 +221,13 @@ def test_rows_arriving_slowly_all_arrive_and_the_run_scores_on_the_agents_holdou
 
 
 def test_the_first_rows_check_reads_the_first_partition_only(spark):
-    """take_arrow reads as DataFrame.take does: an Arrow collection of limit(n) computes every partition."""
+    """take_arrow reads as DataFrame.take does (an Arrow collection of limit(n) computes every partition), and
+    so do the first-rows check and MLflow's input example."""
+    from types import SimpleNamespace
+
     from mpca.compat import take_arrow
     from mpca.data.checks import check_dataframe
+    from mpca.tracking import input_example
 
     rows = spark.range(0, 8000, numPartitions=4).selectExpr("array(cast(id as float), 1.0f) as features",
                                                             "cast(id % 3 as bigint) as label")
@@ -233,3 +237,5 @@ def test_the_first_rows_check_reads_the_first_partition_only(spark):
     assert str(table.schema.field("label").type) == "int64"
     assert check_dataframe(df, "features", "label", [2], lambda: torch.nn.Linear(2, 3), helpers.cross_entropy,
                            helpers.adam, full=False) == 3
+    data = SimpleNamespace(features="features", label="label", input_shape=[2])
+    assert input_example(df, data, rows=3).tolist() == [[0.0, 1.0], [1.0, 1.0], [2.0, 1.0]]
