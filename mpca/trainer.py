@@ -127,16 +127,18 @@ class Trainer:
         return tensors(table, d.features, d.label, d.input_shape)
 
     def _calibration(self, model, train_df) -> Optional[torch.Tensor]:
-        """Training inputs for BatchNorm statistics when the agents keep theirs (``buffers="local"``)."""
+        """Training inputs for BatchNorm statistics when the agents keep theirs (``buffers="local"``): the first
+        rows, read as ``DataFrame.take`` reads them (:func:`mpca.compat.take_arrow`), not every partition's."""
         from mpca.evaluation import has_batchnorm
 
         if self.settings.algorithm.buffers != "local" or not has_batchnorm(model):
             return None
-        from mpca.compat import to_arrow
+        from mpca.compat import take_arrow
         from mpca.data.checks import tensors
 
         d = self.settings.data
-        return tensors(to_arrow(train_df.limit(CALIBRATION_ROWS)), d.features, d.label, d.input_shape)[0]
+        return tensors(take_arrow(train_df.select(d.features, d.label), CALIBRATION_ROWS), d.features, d.label,
+                       d.input_shape)[0]
 
     def _restore(self, model, specs) -> tuple:
         """Apply init_from / resume to the driver's model; return the checkpoint resumed from (or None)."""

@@ -222,12 +222,13 @@ def test_rows_arriving_slowly_all_arrive_and_the_run_scores_on_the_agents_holdou
 
 def test_the_first_rows_check_reads_the_first_partition_only(spark):
     """take_arrow reads as DataFrame.take does (an Arrow collection of limit(n) computes every partition), and
-    so do the first-rows check and MLflow's input example."""
+    so do the first-rows check, MLflow's input example and the BatchNorm calibration rows (buffers="local")."""
     from types import SimpleNamespace
 
     from mpca.compat import take_arrow
     from mpca.data.checks import check_dataframe
     from mpca.tracking import input_example
+    from mpca.trainer import CALIBRATION_ROWS
 
     rows = spark.range(0, 8000, numPartitions=4).selectExpr("array(cast(id as float), 1.0f) as features",
                                                             "cast(id % 3 as bigint) as label")
@@ -239,3 +240,9 @@ def test_the_first_rows_check_reads_the_first_partition_only(spark):
                            helpers.adam, full=False) == 3
     data = SimpleNamespace(features="features", label="label", input_shape=[2])
     assert input_example(df, data, rows=3).tolist() == [[0.0, 1.0], [1.0, 1.0], [2.0, 1.0]]
+    rows = spark.range(0, 4 * 3000, numPartitions=4).selectExpr("array(cast(id as float), 1.0f) as features",
+                                                                 "cast(id % 3 as bigint) as label", "id")
+    bn = lambda: torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))  # noqa: E731
+    trainer = Trainer(bn, helpers.cross_entropy, helpers.adam, input_shape=(2,), buffers="local", spark=spark)
+    calibration = trainer._calibration(bn(), rows.mapInArrow(helpers.only_partition_zero, rows.schema))
+    assert calibration.shape == (CALIBRATION_ROWS, 2) and calibration[7].tolist() == [7.0, 1.0]
