@@ -4,12 +4,15 @@ Agent (every step, §4.4): x_i ← x_i − α (x_i − x̂*) toward the latest p
 over all shards; per shard s it counts τ_s, the steps made since s was last yielded, which weighs its
 contribution in Eq. 9 (§4.6, measured, not configured).  The target x̂* is, by default, x* plus the agent's
 own steps since it contributed to the reduction behind x* (``pull: compensated``, mpca's deviation from the
-paper: the projection arrives two pipeline cycles after the contribution, and pulling toward x* itself would
-undo those cycles' progress); ``pull: elastic`` is the paper's x̂* = x*.
+paper: the projection arrives one pipeline cycle after the contribution, two with Fig. 8's overlapped staging,
+and pulling toward x* itself would undo those cycles' progress); ``pull: elastic`` is the paper's x̂* = x*.
 
 Driver (per reduced shard, §4.5/§4.3): R = Σ τ_i x_i / Σ τ_i (Eq. 9), x̃_t = (1 − β) x̃_{t−1} + β R (Eq. 8),
 ṽ_t = δ ṽ_{t−1} + (1 − δ)(x̃_t − x̃_{t−1}) (Eq. 4), broadcast x* = x̃_t + γ ṽ_t (Eq. 5).  The runtime's
-pipeline overlaps the three phases over S shards (§4.2, Figs. 6–8).
+pipeline overlaps the exchange with training over S shards (§4.2, Figs. 6–8).  By default (``stage: between``,
+mpca's second deviation) it stages each reduction as its job ends, not while the next job runs as Fig. 8 does:
+staging (Eqs. 9 → 5 and a broadcast variable) takes a few hundredths of a second against cycles of seconds, and
+overlapping it made every projection a whole cycle older.
 """
 from __future__ import annotations
 
@@ -101,9 +104,10 @@ class MPCAAgent(AgentRule):
 class MPCADriver(DriverRule):
     """One :class:`JointShard` (x̃, ṽ) per shard; α travels with every cycle."""
 
-    def __init__(self, joint: List[torch.Tensor], agents: int, hyper: MPCAHyper):
+    def __init__(self, joint: List[torch.Tensor], agents: int, hyper: MPCAHyper, stage: str = "between"):
         super().__init__(joint, agents)
         self.hyper = hyper
+        self.stage = stage
         self.shards = [JointShard(j) for j in self.joint]
         self._gamma = 0.0  # γ of the latest projection (Eq. 5), for join_vectors
 
@@ -111,6 +115,12 @@ class MPCADriver(DriverRule):
         """x* = x̃ + γ ṽ (Eq. 5) for every shard: a replacement agent starts where the others are pulled."""
         with self.lock:
             return [extrapolate(s.joint, s.velocity, self._gamma) for s in self.shards]
+
+    def stage_lag(self, first: bool = False) -> int:
+        """``stage="between"`` (the default): every reduction is staged when its job ends and broadcast by the
+        next job (lag 1, as Figs. 6–7 do with S ≤ 2), whatever S; ``"overlapped"``: Fig. 8's third phase
+        (:meth:`DriverRule.stage_lag`), staged while the next job runs and broadcast by the job after it."""
+        return 1 if self.stage == "between" else super().stage_lag(first)
 
     def cycle_params(self, cycle: int) -> Params:
         return {"alpha": self.hyper.alpha(cycle)}
@@ -144,6 +154,10 @@ class MPCA(Algorithm):
     pull: Pull = Field(
         "compensated", description="Eq. 7's target: x* plus the agent's own steps since its contribution "
         "(compensated, default: a deviation from the paper) or x* itself (elastic, the paper)")
+    stage: Literal["between", "overlapped"] = Field(
+        "between", description="when a reduced shard is staged: as its job ends, broadcast by the next job "
+        "(between, default: a deviation from the paper) or while the next job runs, broadcast a job later "
+        "(overlapped: Fig. 8's third phase, for staging that takes a large part of a cycle)")
     alpha: AlphaSchedule = Field(default_factory=AlphaSchedule)
     beta: BetaSchedule = Field(default_factory=BetaSchedule)
     gamma: GammaSchedule = Field(default_factory=GammaSchedule)
@@ -164,4 +178,4 @@ class MPCA(Algorithm):
         return functools.partial(MPCAAgent, weighting=self.weighting, pull=self.pull)
 
     def driver_rule(self, joint, agents):
-        return MPCADriver(joint, agents, self.hyper())
+        return MPCADriver(joint, agents, self.hyper(), self.stage)

@@ -11,7 +11,8 @@ the link's rate; and where deliver tasks end sooner than other executors' reduce
 second one, which finds no agent left to serve there and costs a corrective job.
 
 ``auto`` starts from a guess and then measures.  The guess: two jobs when the pipeline's fill cycles, which
-reduce and broadcast nothing (cycle 0, and cycle 2 with S ≥ 3: ``DriverRule.stage_lag``), took :data:`GUESS_S` or
+reduce and broadcast nothing (cycle 0, and cycle 2 where a reduction is broadcast two cycles later:
+``DriverRule.stage_lag``), took :data:`GUESS_S` or
 more (the reduce alone: K shards into the driver's port; the
 download two jobs hide is about (copies / K) of it, and pays for the deliver task's launch, ~0.5 s, from about
 1 s on).  Then every :data:`RECHECK` broadcasting cycles the other layout runs :data:`PROBE` cycles, and the

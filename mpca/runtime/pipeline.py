@@ -10,7 +10,9 @@ broadcast and one staged at every moment.  With S = 2 (Fig. 7) and S = 1
 (Fig. 6) staging happens between jobs and the shard reduced in ``c - 1`` is
 broadcast by job ``c``.  The first reduction of a pipeline is staged between
 jobs whatever S (:meth:`~mpca.algorithm.DriverRule.stage_lag`): nothing runs
-to overlap it with, and the fill takes a cycle less.
+to overlap it with, and the fill takes a cycle less.  MPCA stages every reduction between jobs by default
+(``algorithm.mpca.stage: between``, :meth:`mpca.algorithm.mpca.MPCADriver.stage_lag`): its projections reach
+the agents a cycle sooner, for a cycle longer by the staging.
 
 Agent-initiated algorithms (``exchange = "service"``) exchange through the
 parameter service instead; their cycles run no Spark job and only observe.

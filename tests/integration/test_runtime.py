@@ -83,13 +83,16 @@ def test_every_broadcast_is_destroyed(digits_fit):
 
 
 def test_broadcast_and_reduce_of_different_shards_overlap(digits_fit):
+    """MPCA's default stage: between: each cycle broadcasts the shard the previous one reduced, staged after
+    that job ended and before this one was submitted (Fig. 8's overlapped staging: the deterministic test)."""
     _, fit = digits_fit
     tl = fit.timeline
     steady = tl.cycles[3:]
-    assert all(c.reduce_shard != c.bcast_shard != c.stage_shard != c.reduce_shard for c in steady)
+    assert all(c.reduce_shard != c.bcast_shard for c in steady)
     assert tl.overlap_fraction(skip=3) >= 0.5, tl.to_pandas()[["cycle", "t_submit", "bcast_end", "reduce_start", "t_end"]]
-    # the staging of a third shard ran while the job was in flight
-    assert sum(c.stage_overlaps_job() for c in steady) >= 0.8 * len(steady)
+    for before, c in zip(tl.cycles[2:], steady):
+        assert c.bcast_shard == before.reduce_shard == before.stage_shard and not before.stage_overlaps_job()
+        assert before.t_end <= before.stage_start <= before.stage_end <= c.t_submit
 
 
 def test_every_agent_contributes_once_per_cycle_with_measured_tau(digits_fit):
@@ -122,23 +125,28 @@ def _replay(timeline, hyper, layout, agents):
     return torch.cat([s.joint for s in shards])
 
 
-@pytest.mark.parametrize("shards,cycles", [(3, 12), (2, 7), (1, 5)])
-def test_deterministic_joint_model_matches_core_rules(spark, shards, cycles):
-    """S = 3 (Fig. 8), S = 2 (Fig. 7) and S = 1 (Fig. 6): the driver's joint model equals the replay."""
+@pytest.mark.parametrize("shards,cycles,stage", [(3, 12, "overlapped"), (3, 8, "between"), (2, 7, "overlapped"),
+                                                 (1, 5, "overlapped")])
+def test_deterministic_joint_model_matches_core_rules(spark, shards, cycles, stage):
+    """S = 3 (Fig. 8), S = 2 (Fig. 7) and S = 1 (Fig. 6), and S = 3 staged between jobs: the driver's joint
+    model equals the replay, and each cycle broadcasts the shard its stage lag says."""
     hyper = MPCAHyper(alpha=AlphaSchedule(hold_cycles=1, peak=0.5, decay_cycles=3, target=0.2),
                       beta=BetaSchedule(1.0, 0.5, 4), gamma=GammaSchedule(0.0, 0.5, 3), delta=0.8)
     rng = np.random.default_rng(0)
     df = to_dataframe(spark, rng.normal(size=(64, 1)).astype(np.float32), np.zeros(64, dtype=np.int64), 2)
-    algorithm = MPCA(shards=shards, alpha=hyper.alpha, beta=hyper.beta, gamma=hyper.gamma, delta=hyper.delta)
+    algorithm = MPCA(shards=shards, stage=stage, alpha=hyper.alpha, beta=hyper.beta, gamma=hyper.gamma,
+                     delta=hyper.delta)
     fit = Trainer(helpers.fixed_point_model, helpers.half_squared_norm, helpers.sgd_one, agents=2,
                   algorithm=algorithm, input_shape=(1,), batch_size=8, holdout=0.0, max_cycles=cycles,
                   eval_every_cycles=100, spark=spark).fit(df)
     layout = ShardLayout.from_module(helpers.fixed_point_model(), shards)
-    lag = 2 if shards >= 3 else 1
+    lag = 2 if shards >= 3 and stage == "overlapped" else 1
     # the shard broadcast in cycle c is the one reduced in cycle c - lag; the first reduction is broadcast by
     # cycle 1 whatever S (the pipeline's fill), so with S = 3 cycle 2 broadcasts nothing
     broadcast = [None, 0] + [None if lag == 2 and c == 2 else (c - lag) % shards for c in range(2, cycles)]
     assert [c.bcast_shard for c in fit.timeline.cycles] == broadcast
+    staged = [c for c in fit.timeline.cycles[1:] if c.stage_shard is not None]  # cycle 0's: between jobs, always
+    assert staged and all(c.stage_overlaps_job() == (lag == 2) for c in staged)  # Fig. 8: while the job ran
     expected = _replay(fit.timeline, hyper, layout, [0, 1])
     taus = [[e.extra["tau"] for e in c.agents.values()] for c in fit.timeline.cycles]
     assert all(sum(t) > 0 for t in taus[1:])
@@ -170,7 +178,7 @@ def test_uneven_and_empty_partitions(spark):
 
 
 def test_checkpoint_holds_the_reduction_waiting_to_be_staged(spark, tmp_path):
-    """S = 3: a checkpoint taken after cycle c holds cycle c's reduction, not yet staged.  Resuming from it
+    """S = 3 staged overlapped (Fig. 8): a checkpoint taken after cycle c holds cycle c's reduction, not yet staged.  Resuming from it
     and replaying the recorded τ of cycles 0..c (first run) and c+1.. (second run) gives the final model."""
     import os
 
@@ -178,7 +186,8 @@ def test_checkpoint_holds_the_reduction_waiting_to_be_staged(spark, tmp_path):
 
     hyper = MPCAHyper(alpha=AlphaSchedule(hold_cycles=1, peak=0.5, decay_cycles=3, target=0.2),
                       beta=BetaSchedule(1.0, 0.5, 4), gamma=GammaSchedule(0.0, 0.5, 3), delta=0.8)
-    algorithm = MPCA(shards=3, alpha=hyper.alpha, beta=hyper.beta, gamma=hyper.gamma, delta=hyper.delta)
+    algorithm = MPCA(shards=3, stage="overlapped", alpha=hyper.alpha, beta=hyper.beta, gamma=hyper.gamma,
+                     delta=hyper.delta)
     rng = np.random.default_rng(0)
     df = to_dataframe(spark, rng.normal(size=(64, 1)).astype(np.float32), np.zeros(64, dtype=np.int64), 2)
     common = dict(agents=2, algorithm=algorithm, input_shape=(1,), batch_size=8, holdout=0.0, eval_every_cycles=100,

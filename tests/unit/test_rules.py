@@ -220,3 +220,18 @@ def test_stage_lag_is_two_cycles_with_three_shards_but_one_for_the_first_reducti
 
     assert [rule(s).stage_lag() for s in (1, 2, 3, 4)] == [1, 1, 2, 2]
     assert [rule(s).stage_lag(first=True) for s in (1, 2, 3, 4)] == [1, 1, 1, 1]
+
+
+def test_mpca_staged_between_jobs_broadcasts_every_reduction_one_cycle_later():
+    """algorithm.mpca.stage: "between" (the default) stages each reduction as its job ends, whatever S (lag 1);
+    "overlapped" is Fig. 8's pipeline (lag 2 with S ≥ 3, the first reduction staged at once)."""
+    from mpca.algorithm.mpca import MPCA
+
+    def rule(shards, **stage):
+        return MPCA(shards=shards, **stage).driver_rule([torch.zeros(2) for _ in range(shards)], agents=2)
+
+    assert [rule(s).stage_lag() for s in (1, 2, 3, 4)] == [1, 1, 1, 1]
+    assert [rule(s, stage="overlapped").stage_lag() for s in (1, 2, 3, 4)] == [1, 1, 2, 2]
+    assert rule(3, stage="overlapped").stage_lag(first=True) == 1
+    with pytest.raises(ValueError, match="stage"):
+        MPCA(stage="later")

@@ -391,8 +391,11 @@ def test_each_agent_steps_from_its_own_start_and_the_exchange_from_the_start_up(
             config("mpca", agent_starts_s=bad, startup_s=2.5)
 
 
-def test_the_virtual_pipeline_broadcasts_the_first_reduction_one_cycle_later_as_the_runtime():
-    """S = 3: cycle 1 broadcasts shard 0 (the fill's first reduction, staged at once), cycle 2 nothing, then the
-    reduction of cycle c − 2 (DriverRule.stage_lag, the runtime's pipeline's rule)."""
+def test_the_virtual_pipeline_broadcasts_each_reduction_when_the_runtime_does():
+    """S = 3 (the runtime's pipeline's rule, DriverRule.stage_lag): staged between jobs (MPCA's default) cycle
+    c broadcasts the reduction of cycle c − 1; overlapped (Fig. 8) cycle 1 broadcasts shard 0 (the fill's first
+    reduction, staged at once), cycle 2 nothing, then the reduction of cycle c − 2."""
     res = simulate(config("mpca", max_virtual_s=12.0))
+    assert [c.bcast_shard for c in res.cycles[:7]] == [None, 0, 1, 2, 0, 1, 2]
+    res = simulate(config({"name": "mpca", "stage": "overlapped"}, max_virtual_s=12.0))
     assert [c.bcast_shard for c in res.cycles[:7]] == [None, 0, None, 1, 2, 0, 1]
