@@ -47,7 +47,8 @@ class FitResult:
     counters: RunCounters  # Spark jobs and broadcasts by purpose, the job group, parameter-service bytes
     driver_rule: DriverRule  # the algorithm's driver side after the run (its joint model and state)
     agents_up_s: Optional[float] = None  # wall time (same clock as the history) when every agent had answered
-    first_exchange_s: Optional[float] = None  # when the first cycle had handed agents a shard of the joint model
+    first_exchange_s: Optional[float] = None  # when the first cycle had handed every agent a shard of the joint model
+    first_exchange_job_end_s: Optional[float] = None  # when that cycle's job ended (its reduce too), on the driver
     prepare_s: Optional[float] = None  # the driver's work between fit's call and the clock's 0 (the model, the first
     # rows' check; the holdout's read where the agents do not set it aside, mpca.data.holdout)
     startup: Dict[int, Dict[str, float]] = field(default_factory=dict)  # per agent: AgentRun.startup_phases
@@ -270,7 +271,10 @@ class Trainer:
                     rec = run.cycle(c)
                     out.cycles = c + 1
                     if out.first_exchange_s is None and rec.bcast_shard is not None and rec.delivered:
-                        out.first_exchange_s = time.time() - t0  # the pipeline's first useful exchange
+                        # the pipeline's first useful exchange: when the last agent held the shard (with one
+                        # exchange task per agent the job then goes on to reduce the cycle's shard)
+                        out.first_exchange_s = rec.delivered_at() - t0
+                        out.first_exchange_job_end_s = rec.t_end - t0
                     reports = run.latest_reports()
                     rows = sum(int(r.rows or 0) for r in {**run.agent_info, **reports}.values())
                     samples = sum(int(r.samples or 0) for r in reports.values())
@@ -363,7 +367,8 @@ class Trainer:
                          agents=run.summaries, cycles=out.cycles, wall_s=wall, stop_reason=stop_reason, final=final,
                          run_id=run.run_id, algorithm=self.settings.algorithm.name, layout=run.layout.describe(),
                          first_cycle=out.first_cycle, counters=run.counters(), driver_rule=run.rule,
-                         agents_up_s=out.agents_up_s, first_exchange_s=out.first_exchange_s, prepare_s=out.prepare_s,
+                         agents_up_s=out.agents_up_s, first_exchange_s=out.first_exchange_s,
+                         first_exchange_job_end_s=out.first_exchange_job_end_s, prepare_s=out.prepare_s,
                          startup=out.startup)
 
 
@@ -379,5 +384,6 @@ class _Outcome:
     winner: Optional[List[torch.Tensor]] = None  # the evaluated snapshot that met the target
     agents_up_s: Optional[float] = None
     first_exchange_s: Optional[float] = None
+    first_exchange_job_end_s: Optional[float] = None
     prepare_s: Optional[float] = None
     startup: Dict[int, Dict[str, float]] = field(default_factory=dict)

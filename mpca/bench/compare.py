@@ -275,7 +275,8 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
            "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None, "figures": figures(fit.history),
            "overlap": fit.timeline.overlap_fraction() if algorithm["name"] == "mpca" else None,
            "samples_per_s": _samples_per_s(fit), "cpu": cpu, "agents_up_s": fit.agents_up_s,
-           "first_exchange_s": fit.first_exchange_s, "prepare_s": fit.prepare_s, "startup": startup_medians(fit),
+           "first_exchange_s": fit.first_exchange_s, "first_exchange_job_end_s": fit.first_exchange_job_end_s,
+           "prepare_s": fit.prepare_s, "startup": startup_medians(fit),
            "agent_starts_s": agent_starts(fit),
            "emulation": device_check(fit.agents, cpu, settings.training.device_step_s)}
     write_run_record(run, os.path.join(out, _dirname(label), "run.json"))
@@ -459,6 +460,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                           "samples_per_s": _median([r["samples_per_s"] for r in runs]),
                           "agents_up_s": _median([_nan(r["agents_up_s"]) for r in runs]),
                           "first_exchange_s": _median([_nan(r["first_exchange_s"]) for r in runs]),
+                          "first_exchange_job_end_s": _median([_nan(r.get("first_exchange_job_end_s")) for r in runs]),
                           "after_start_up_s": after_start_up(runs, targets[-1]),
                           "cpu": {k: statistics.median(r["cpu"][k] for r in runs) for k in first["cpu"]},
                           "emulation": [r["emulation"] for r in runs],
@@ -467,6 +469,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                           "runs": [{"sequence": r["sequence"], "prepare_s": r.get("prepare_s"), "startup": r["startup"],
                                     "agent_starts_s": r.get("agent_starts_s", []), "agents_up_s": r["agents_up_s"],
                                     "first_exchange_s": r["first_exchange_s"],
+                                    "first_exchange_job_end_s": r.get("first_exchange_job_end_s"),
                                     "wall_s": r["wall_s"],
                                     "time_to": {str(t): r["time_to"][t] for t in targets}} for r in runs]}
     tab = table(results, targets)
@@ -484,7 +487,8 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                                                   "bytes_per_cycle",
                                                   "duty_cycle", "repeats", "figures", "samples_per_s", "cpu",
                                                   "emulation", "setting", "grid", "spread", "prepare_s", "startup",
-                                                  "agents_up_s", "first_exchange_s", "after_start_up_s", "runs")}
+                                                  "agents_up_s", "first_exchange_s", "first_exchange_job_end_s",
+                                                  "after_start_up_s", "runs")}
                        | {"time_to": {str(t): r["time_to"][t] for t in targets},
                           "time_range": {str(t): list(r["time_range"][t]) for t in targets}}
                        for label, r in results.items()},

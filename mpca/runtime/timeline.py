@@ -64,6 +64,12 @@ class CycleRecord:
     agents: Dict[int, AgentReport] = field(default_factory=dict)  # reduce tasks' reports (contributions)
     delivered: Dict[int, AgentReport] = field(default_factory=dict)  # deliver tasks' reports (broadcast hand-offs)
 
+    def delivered_at(self) -> float:
+        """When the last agent held this cycle's broadcast: ``bcast_end``, its deliver task's time after the
+        agent's answer (the executors' clocks), kept within the job's submission and end (the driver's); the
+        job's end where nothing was delivered."""
+        return min(max(self.bcast_end if self.bcast_end is not None else self.t_end, self.t_submit), self.t_end)
+
     @property
     def broadcast_interval(self):
         return (self.t_submit, self.bcast_end) if self.bcast_end is not None else None

@@ -132,3 +132,12 @@ def test_window_is_a_validated_setting():
         settings_from(timeline_window=0)
     with pytest.raises(ValueError, match="window"):
         Timeline(0)
+
+
+def test_a_broadcast_counts_as_delivered_when_the_last_agent_held_it_within_its_job():
+    """The first useful exchange's moment: the deliver tasks' latest hand-off (executors' clocks), bounded by the
+    job's submission and end (the driver's clock); the job's end where nothing was delivered."""
+    assert CycleRecord(1, 1, 0, t_submit=10.0, t_end=11.2, bcast_end=10.6).delivered_at() == 10.6
+    assert CycleRecord(1, 1, 0, t_submit=10.0, t_end=11.2, bcast_end=12.0).delivered_at() == 11.2  # clock ahead
+    assert CycleRecord(1, 1, 0, t_submit=10.0, t_end=11.2, bcast_end=9.5).delivered_at() == 10.0  # clock behind
+    assert CycleRecord(1, 1, None, t_submit=10.0, t_end=11.2).delivered_at() == 11.2
