@@ -286,11 +286,14 @@ class ExchangePipeline:
         return {"cycle": c, "shard": r, "total": total, "weight": float(p.weight)}
 
     def restore_pending(self, state: Optional[Dict[str, object]]) -> None:
-        """Take back a checkpoint's pending reduction: staged with the first cycle, as if never interrupted."""
+        """Take back a checkpoint's pending reduction: staged with the first cycle, as if never interrupted; where
+        this run stages between jobs (a checkpoint of an overlapped run), applied to the joint model at once."""
         if state is not None:
             total = state["total"]
             partial = WeightedSum(None if total is None else total.numpy(), float(state["weight"]))
             self._pending = (int(state["cycle"]), int(state["shard"]), ExchangeRecord(partial=partial))
+            if self.lag == 1:  # no cycle would stage it
+                self.flush()
 
     def flush(self) -> None:
         """Stage whatever was reduced but not staged yet, so the joint model holds every reduction."""

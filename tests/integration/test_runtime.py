@@ -177,9 +177,11 @@ def test_uneven_and_empty_partitions(spark):
     assert fit.cycles == 6
 
 
-def test_checkpoint_holds_the_reduction_waiting_to_be_staged(spark, tmp_path):
-    """S = 3 staged overlapped (Fig. 8): a checkpoint taken after cycle c holds cycle c's reduction, not yet staged.  Resuming from it
-    and replaying the recorded τ of cycles 0..c (first run) and c+1.. (second run) gives the final model."""
+@pytest.mark.parametrize("resumed_stage", ["overlapped", "between"])
+def test_checkpoint_holds_the_reduction_waiting_to_be_staged(spark, tmp_path, resumed_stage):
+    """S = 3 staged overlapped (Fig. 8): a checkpoint taken after cycle c holds cycle c's reduction, not yet
+    staged.  Resuming from it, with either staging, and replaying the recorded τ of cycles 0..c (first run) and
+    c+1.. (second run) gives the final model."""
     import os
 
     from mpca.runtime.timeline import Timeline
@@ -199,6 +201,7 @@ def test_checkpoint_holds_the_reduction_waiting_to_be_staged(spark, tmp_path):
     from mpca import checkpoint
 
     assert checkpoint.latest(str(tmp_path)).pending["cycle"] == 4
+    common["algorithm"] = algorithm.model_copy(update={"stage": resumed_stage})  # between: applied on resuming
     second = Trainer(helpers.fixed_point_model, helpers.half_squared_norm, helpers.sgd_one, max_cycles=10,
                      resume=True, **common).fit(df)
     assert second.first_cycle == 5 and [c.cycle for c in second.timeline.cycles] == [5, 6, 7, 8, 9]
