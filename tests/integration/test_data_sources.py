@@ -220,7 +220,7 @@ def test_rows_arriving_slowly_all_arrive_and_the_run_scores_on_the_agents_holdou
         assert fit.final.error < history["holdout_error"].iloc[0] and fit.cycles == cycles
 
 
-def test_the_first_rows_check_reads_the_first_partition_only(spark):
+def test_the_first_rows_are_read_from_the_first_partition_only(spark):
     """take_arrow reads as DataFrame.take does (an Arrow collection of limit(n) computes every partition), and
     so do the first-rows check, MLflow's input example and the BatchNorm calibration rows (buffers="local")."""
     from types import SimpleNamespace
