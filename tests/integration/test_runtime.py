@@ -45,9 +45,9 @@ def test_one_reduce_job_per_cycle_and_a_deliver_job_per_broadcast(digits_fit):
     assert jobs["cycle"] == fit.cycles
     broadcasting = [c for c in fit.timeline.cycles if c.bcast_shard is not None]
     assert jobs["deliver"] == sum(c.jobs == 2 for c in broadcasting) > 0
-    # 2-core executors, cluster.exchange_jobs auto: the layout guessed from the fill's reduce-only cycles (0 for
-    # the first broadcasting cycle, then 0 and 2), the other one measured at the recheck (broadcasting cycles
-    # 17-19 of every 20)
+    # 2-core executors, cluster.exchange_jobs auto: the layout guessed from the fill's reduce-only cycles (cycle
+    # 0; with overlapped staging 0 for the first broadcasting cycle, then 0 and 2), the other one measured at the
+    # recheck (broadcasting cycles 17-19 of every 20)
     reduce_only = [c.t_end - c.t_submit for c in fit.timeline.cycles[:3] if c.bcast_shard is None]
     first, guess = [2 if statistics.median(r) >= layout.GUESS_S else 1 for r in (reduce_only[:1], reduce_only)]
     used = [c.jobs for c in broadcasting]
