@@ -177,8 +177,13 @@ class WireSection(_Strict):
     are (bit-exact); ``bf16``; ``int8`` or ``int4`` with a float32 scale per block of ``block`` values.  Lossy
     formats use error feedback (each sender adds what its last message of the same shard lost)."""
 
-    format: WireFormat = "fp32"
+    format: Optional[WireFormat] = Field(None, description="fp32, bf16, int8 or int4 (None: the algorithm's "
+                                         "default: int4 for streaming_diloco, the paper's 4 bits; fp32 otherwise)")
     block: int = Field(DEFAULT_BLOCK, ge=64, description="values per quantisation block (int8, int4)")
+
+    def resolved(self, algorithm: Algorithm) -> str:
+        """The format a run of ``algorithm`` uses: ``format``, or the algorithm's default."""
+        return self.format or algorithm.default_wire
 
 
 class StopSection(_Strict):

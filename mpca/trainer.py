@@ -183,7 +183,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ fit
     def fit(self, df) -> FitResult:
-        from mpca.algorithm import ShardLayout
         from mpca.checkpoint import BackgroundSaver
         from mpca.progress import Progress
         from mpca.runtime.run import AgentRun
@@ -199,7 +198,7 @@ class Trainer:
         require_classic(spark)  # before any job: Spark Connect has no RDDs for agents
         torch.manual_seed(st.seed)
         model = self.model_fn()
-        layout = ShardLayout.from_module(model, st.algorithm.num_shards, st.algorithm.buffers)
+        layout = st.algorithm.shard_layout(model)
         specs = [(t.name, t.numel, str(t.dtype)) for t in layout.specs]
         ck = self._restore(model, specs)
         first_cycle, prior_wall = (ck.cycle, ck.wall_s) if ck else (0, 0.0)

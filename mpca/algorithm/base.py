@@ -33,7 +33,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from mpca.algorithm.weighted_sum import WeightedSum
-from mpca.algorithm.sharding import BoundShards
+from mpca.algorithm.sharding import BoundShards, ShardLayout
 from mpca.algorithm.wire import Codec, ErrorFeedback
 
 Params = Dict[str, Any]  # JSON-able values sent with a cycle (e.g. {"alpha": 0.3})
@@ -109,6 +109,19 @@ class AgentRule:
 
     def receive(self, shard: int, pieces: List[torch.Tensor], params: Params) -> None:
         """A broadcast shard arrived (``pieces``: one tensor per segment, on the agent's device)."""
+
+    def joined(self, pieces: List[List[torch.Tensor]], params: Params) -> None:
+        """The agent joined (a replacement, an elastic run's late agent): the runtime wrote the driver rule's join
+        vectors (``pieces``, per shard) into the model and calls :meth:`on_reset` next.  By default each shard
+        is received as a broadcast; rules whose broadcasts are not models (outer gradients) override it."""
+        for s, p in enumerate(pieces):
+            self.receive(s, p, params)
+
+    def reset_target(self, shard: int, pieces: List[torch.Tensor]) -> List[torch.Tensor]:
+        """Where a numerical fault's reset puts ``shard`` after the broadcast ``pieces`` arrived: the pieces
+        themselves where the broadcast is the joint model (the default), the rule's own copy of it where the
+        broadcast is something else (an outer gradient).  Fresh tensors that nothing writes afterwards."""
+        return pieces
 
     def yield_ready(self, shard: int, params: Params, timeout_s: float) -> None:
         """Block until ``shard`` may be yielded for this cycle (default: at once)."""
@@ -299,6 +312,8 @@ class Algorithm(BaseModel):
     # mpca.runtime.initial) — False where an agent cannot wait for that (DDP's replicas step together at once)
     rebuilds_initial_model: ClassVar[bool] = True
     summary: ClassVar[str] = ""
+    # the wire format a run of this algorithm uses where ``wire.format`` is not set (config.WireSection.resolved)
+    default_wire: ClassVar[str] = "fp32"
 
     @property
     def cycle_interval_s(self) -> float:
@@ -319,3 +334,8 @@ class Algorithm(BaseModel):
 
     def driver_rule(self, joint: List[torch.Tensor], agents: int) -> DriverRule:
         raise NotImplementedError
+
+    def shard_layout(self, module: torch.nn.Module) -> ShardLayout:
+        """How the exchanged tensors of ``module`` are cut into :attr:`num_shards` shards (by bytes; Streaming
+        DiLoCo: whole layers, its fragments).  The runtime, the trainer and the simulator all take it from here."""
+        return ShardLayout.from_module(module, self.num_shards, self.buffers)

@@ -6,7 +6,8 @@ from typing import Any, Dict, Type
 from mpca.algorithm.base import Algorithm
 
 _REGISTRY: Dict[str, Type[Algorithm]] = {}
-BUILT_IN_MODULES = ("mpca", "single", "sync", "easgd", "diloco", "ddp", "hermans", "rudra", "weaksync")
+BUILT_IN_MODULES = ("mpca", "single", "sync", "easgd", "diloco", "streaming_diloco", "delayed_diloco", "ddp", "hermans",
+                    "rudra", "weaksync")
 _built_in_loaded = False
 
 

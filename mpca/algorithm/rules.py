@@ -149,3 +149,39 @@ def nesterov_outer_step(joint: torch.Tensor, grad: torch.Tensor, momentum_buf: O
     grad = grad.to(joint.dtype)
     buf = grad.clone() if momentum_buf is None else momentum_buf * momentum + grad
     return joint - (grad + buf * momentum) * lr, buf
+
+
+# --------------------------------------------------------------------------- Streaming DiLoCo, eager updates
+@torch.no_grad()
+def mix_(local: Sequence[torch.Tensor], outer: Sequence[torch.Tensor], alpha: float) -> None:
+    """Streaming DiLoCo's merge (Douillard et al. 2025, §2.3) of a fragment's outer result into the local
+    fragment, which kept training for τ steps meanwhile: x_i ← (1 − α) x_i + α θ (in place).  α = 1 takes the
+    outer result as DiLoCo does (copied, bit for bit); α = 0 keeps the local fragment.  (torchft's
+    ``fragment_update_alpha`` is the local fragment's weight, 1 − α here.)"""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"the mixing factor must lie in [0, 1], got {alpha}")
+    local, outer = list(local), [o.to(dtype=l.dtype, device=l.device) for o, l in zip(outer, local)]
+    if alpha == 1.0:
+        torch._foreach_copy_(local, outer)
+    elif alpha > 0.0:
+        torch._foreach_lerp_(local, outer, alpha)
+
+
+def eager_outer_gradient(own: torch.Tensor, own_previous: Optional[torch.Tensor], mean_previous: Optional[torch.Tensor],
+                         workers: float) -> torch.Tensor:
+    """The outer gradient an agent applies at the end of round r with eager updates (Kale, Douillard and Donchev
+    2025): the round's average is not back yet, so the agent's own fresh outer gradient stands in for its term
+    and the other M − 1 workers' terms come from round r − 1's average, which has arrived:
+
+        Δ̂ = Δ_r^own / M + (Δ̄_{r−1} − Δ_{r−1}^own / M)
+
+    Summed over rounds this telescopes to the true averages of every finished round plus the agent's own
+    latest term.  In round 0 (no average yet) Δ̂ = Δ_0^own / M."""
+    if workers <= 0:
+        raise ValueError(f"workers must be > 0, got {workers}")
+    out = own / workers
+    if mean_previous is not None:
+        out = out + mean_previous.to(own.dtype)
+        if own_previous is not None:
+            out = out - own_previous / workers
+    return out

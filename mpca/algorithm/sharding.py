@@ -25,7 +25,7 @@ float32 and float64 alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -84,6 +84,43 @@ def exchanged_tensors(module: torch.nn.Module, buffers: str = "average") -> List
     return out
 
 
+FRAGMENT_MODES = ("strided", "sequential")  # whole layers; "bytes" (ShardLayout.from_module) cuts like mpca's shards
+
+
+def layers_of(specs: Sequence[TensorSpec]) -> List[List[int]]:
+    """The exchanged tensors grouped by the module that owns them (the name up to its last dot: ``blocks.3.attn``
+    for ``blocks.3.attn.weight`` and ``.bias``), in order of first appearance: the layers that fragments hold whole."""
+    order: dict = {}
+    for i, spec in enumerate(specs):
+        order.setdefault(spec.name.rpartition(".")[0], []).append(i)
+    return list(order.values())
+
+
+def fragment_groups(specs: Sequence[TensorSpec], fragments: int, mode: str) -> List[List[int]]:
+    """Streaming DiLoCo's fragments (Douillard et al. 2025, §2.2): the model's layers in ``fragments`` groups.
+    ``"strided"``: layer l goes to fragment l mod P (the paper's default: each fragment spans the whole depth);
+    ``"sequential"``: consecutive layers, cut where the bytes before the cut reach p/P of the model's."""
+    if mode not in FRAGMENT_MODES:
+        raise ValueError(f"fragments must be one of {FRAGMENT_MODES}, got {mode!r}")
+    layers = layers_of(specs)
+    if len(layers) < fragments:
+        raise ValueError(f"the model has {len(layers)} layer(s) with exchanged tensors; it cannot be cut into "
+                         f"{fragments} fragments of whole layers (lower the number of fragments, or cut by bytes: "
+                         "fragment_layout: bytes)")
+    if mode == "strided":
+        return [[i for layer in layers[p::fragments] for i in layer] for p in range(fragments)]
+    sizes = [sum(specs[i].nbytes for i in layer) for layer in layers]
+    total, groups, acc, p = sum(sizes), [[] for _ in range(fragments)], 0, 0
+    for k, (layer, size) in enumerate(zip(layers, sizes)):
+        # move on once this fragment reached its share, keeping a layer for every fragment still to fill
+        left = len(layers) - k
+        if groups[p] and (acc >= (p + 1) * total / fragments or left <= fragments - 1 - p):
+            p += 1
+        groups[p].extend(layer)
+        acc += size
+    return groups
+
+
 def wire_dtype_for(dtypes: Iterable[torch.dtype]) -> torch.dtype:
     """float64 when any exchanged tensor is float64, else float32 (exact for all narrower floats)."""
     return torch.float64 if any(d == torch.float64 for d in dtypes) else torch.float32
@@ -98,7 +135,9 @@ class ShardLayout:
     sizes differ by at most one element's bytes plus rounding.
     """
 
-    def __init__(self, specs: Sequence[TensorSpec], num_shards: int = 3):
+    def __init__(self, specs: Sequence[TensorSpec], num_shards: int = 3,
+                 groups: Optional[Sequence[Sequence[int]]] = None):
+        """``groups``: instead of cuts by bytes, shard ``s`` holds the whole tensors ``groups[s]`` (in order)."""
         if not isinstance(num_shards, int) or isinstance(num_shards, bool) or num_shards < 1:
             raise ValueError(f"num_shards must be an integer >= 1, got {num_shards!r}")
         specs = tuple(specs)
@@ -108,12 +147,24 @@ class ShardLayout:
         self.specs = specs
         self.num_shards = num_shards
         self.wire_dtype = wire_dtype_for(s.dtype for s in specs)
-        self.shards: Tuple[Tuple[Segment, ...], ...] = self._cut(specs, num_shards)
+        if groups is None:
+            self.shards: Tuple[Tuple[Segment, ...], ...] = self._cut(specs, num_shards)
+        else:
+            flat = sorted(i for g in groups for i in g)
+            if len(groups) != num_shards or flat != list(range(len(specs))) or any(not g for g in groups):
+                raise ValueError(f"groups must split tensors 0..{len(specs) - 1} into {num_shards} non-empty groups")
+            self.shards = tuple(tuple(Segment(i, 0, specs[i].numel) for i in g) for g in groups)
 
     @classmethod
-    def from_module(cls, module: torch.nn.Module, num_shards: int = 3, buffers: str = "average") -> "ShardLayout":
+    def from_module(cls, module: torch.nn.Module, num_shards: int = 3, buffers: str = "average",
+                    fragments: Optional[str] = None) -> "ShardLayout":
+        """The layout of ``module``'s exchanged tensors: cut by bytes (``fragments`` None or ``"bytes"``), or whole
+        layers grouped into ``num_shards`` fragments (``"strided"`` or ``"sequential"``, :func:`fragment_groups`)."""
         tensors = exchanged_tensors(module, buffers)
-        return cls([TensorSpec(n, t.numel(), t.dtype) for n, t in tensors], num_shards)
+        specs = [TensorSpec(n, t.numel(), t.dtype) for n, t in tensors]
+        if fragments is None or fragments == "bytes":
+            return cls(specs, num_shards)
+        return cls(specs, num_shards, groups=fragment_groups(specs, num_shards, fragments))
 
     @staticmethod
     def _cut(specs: Sequence[TensorSpec], num_shards: int) -> Tuple[Tuple[Segment, ...], ...]:

@@ -68,7 +68,7 @@ class AgentSpec:
 
     @property
     def codec(self) -> Codec:
-        return Codec.of(self.wire.format, self.wire.block, self.layout.wire_dtype)
+        return Codec.of(self.wire.resolved(self.algorithm), self.wire.block, self.layout.wire_dtype)
 
     @property
     def join_on_retry(self) -> bool:
@@ -496,8 +496,8 @@ class Agent:
             with torch.no_grad():
                 for s, p in enumerate(pieces):
                     torch._foreach_copy_(self.shards.views(s), p)
-                    self.rule.receive(s, p, params)
                     self._anchor[s] = p
+                self.rule.joined(pieces, params)
             self.optimizer = self.spec.optimizer_fn(self.model.parameters())
             self.rule.ctx.optimizer = self.optimizer
             self.rule.on_reset()
@@ -545,7 +545,7 @@ class Agent:
                         return {"ok": True, "stale": True}, None
                     self._delivered_cycle[s] = int(cycle)
                 self.rule.receive(s, pieces, params)
-                self._anchor[s] = pieces  # the latest joint shard (fresh tensors, never written): where a reset goes
+                self._anchor[s] = self.rule.reset_target(s, pieces)  # the latest joint shard: where a reset goes
             return {"ok": True}, None
         if op == "yield":
             s = self._shard(header)

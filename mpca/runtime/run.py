@@ -15,7 +15,6 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from mpca.algorithm import ShardLayout
 from mpca.algorithm.wire import Codec, ErrorFeedback
 from mpca.config import Settings
 from mpca.data.checks import label_skew
@@ -49,7 +48,7 @@ class AgentRun:
         self.sc = spark.sparkContext
         self.shape, use_gpus = cluster.agents_fit(self.sc, settings)
         self.agents = training.agents
-        self.layout = ShardLayout.from_module(model, algo.num_shards, algo.buffers)
+        self.layout = algo.shard_layout(model)
         self.bound = self.layout.bind_module(model, algo.buffers)
         self.rule = algo.driver_rule([self.bound.read(s) for s in range(self.layout.num_shards)], self.agents)
         if driver_state is not None:
@@ -59,7 +58,7 @@ class AgentRun:
         model_bytes = sum(self.layout.shard_nbytes(s) for s in range(self.layout.num_shards))
         max_payload = model_bytes + 4096
         host = settings.cluster.service_host or self.sc.getConf().get("spark.driver.host") or "127.0.0.1"
-        self.codec = Codec.of(settings.wire.format, settings.wire.block, self.layout.wire_dtype)
+        self.codec = Codec.of(settings.wire.resolved(algo), settings.wire.block, self.layout.wire_dtype)
         self.service = None  # the parameter service; for the other algorithms only where executors may be decommissioned
         serves = algo.exchange == "service"
         if serves or cluster.decommission_enabled(self.sc):

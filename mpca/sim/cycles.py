@@ -268,7 +268,8 @@ class VirtualPipeline:
         if joiners and self.join is not None:  # the runtime's join job, before the next cycle
             done = t + self.net.job_overhead_s + broadcast_time(len(joiners), self.join_bytes, self.net)
             stat.joined = joiners
-            self.clock.schedule(done, lambda when: self.join(joiners, job.params, when))
+            params = self.rule.cycle_params(job.cycle)  # asked again after the staging, as the runtime's join job
+            self.clock.schedule(done, lambda when: self.join(joiners, params, when))
             nxt = max(nxt, done)
         if nxt <= job.submitted:
             raise ValueError(f"cycle {job.cycle} took no virtual time, so cycles would never let the agents step: "

@@ -45,7 +45,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from mpca.algorithm.base import Algorithm, AgentRule
 from mpca.algorithm.registry import build as build_algorithm
 from mpca.algorithm.ring import ring_in_lock_step
-from mpca.algorithm.sharding import ShardLayout
 from mpca.algorithm.wire import Codec, ErrorFeedback, WireFormat
 from mpca.evaluation import evaluate
 from mpca.sim.agents import SimAgent
@@ -75,7 +74,7 @@ class SimConfig(BaseModel):
 
     algorithm: Algorithm = Field(default_factory=lambda: build_algorithm("mpca"))
     agents: int = Field(4, ge=1, le=4096)
-    wire: WireFormat = "fp32"
+    wire: Optional[WireFormat] = None  # None: the algorithm's default (Algorithm.default_wire)
     wire_block: int = Field(4096, ge=1)
     network: NetworkConstants = Field(default_factory=NetworkConstants)
     compute: ComputeModel = Field(default_factory=ComputeModel)
@@ -139,11 +138,12 @@ class Simulator:
         self.ddp = algo.name == "ddp"
         torch.manual_seed(cfg.seed)
         model = work.model_fn()
-        self.layout = ShardLayout.from_module(model, algo.num_shards, algo.buffers)
+        self.layout = algo.shard_layout(model)
         bound = self.layout.bind_module(model, algo.buffers)
         self.rule = algo.driver_rule([bound.read(s) for s in range(self.layout.num_shards)], K)
         init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.codec = Codec.of(cfg.wire, cfg.wire_block, self.layout.wire_dtype)
+        self.wire = cfg.wire or algo.default_wire
+        self.codec = Codec.of(self.wire, cfg.wire_block, self.layout.wire_dtype)
         self.ring_feedback = [ErrorFeedback(self.codec) for _ in range(K)]  # ddp's compressed ring, per rank
         self.clock = VirtualClock()
         self.port = DriverPort(cfg.network)
@@ -168,7 +168,7 @@ class Simulator:
                                             self._deliver, self._contribute, self.layout.shard_numel,
                                             presence=self.presence, join=self._join,
                                             join_bytes=4 * self.layout.total_numel, agent_wait_s=cfg.agent_wait_s)
-        self.result = SimResult(algorithm=algo.name, agents=K, wire=cfg.wire, constants=cfg.network.to_dict(),
+        self.result = SimResult(algorithm=algo.name, agents=K, wire=self.wire, constants=cfg.network.to_dict(),
                                 settings={"algorithm": algo.model_dump(mode="json"),
                                           "compute": {"step_s": cfg.compute.step_s, "jitter": cfg.compute.jitter,
                                                       "speeds": dict(cfg.compute.speeds)},
@@ -232,16 +232,16 @@ class Simulator:
 
     def _join(self, agents: List[int], params: dict, t: float) -> None:
         """The runtime's join (``Agent._join``): a fresh process of each replacement takes every shard of the
-        driver rule's join vectors (exact), its rule receives them, a fresh optimizer, ``on_reset``; it steps
+        driver rule's join vectors (exact), its rule hears of them (``joined``), a fresh optimizer, ``on_reset``; it steps
         and contributes from then on."""
         vectors = self.rule.join_vectors()
         for a in agents:
             ag = self.agents[a] = self._new_agent(a)
             with torch.no_grad():
-                for s, vec in enumerate(vectors):
-                    pieces = ag.shards.split(s, vec.detach().clone())
-                    torch._foreach_copy_(ag.shards.views(s), pieces)
-                    ag.rule.receive(s, pieces, params)
+                pieces = [ag.shards.split(s, vec.detach().clone()) for s, vec in enumerate(vectors)]
+                for s, p in enumerate(pieces):
+                    torch._foreach_copy_(ag.shards.views(s), p)
+            ag.rule.joined(pieces, params)
             ag.rule.on_reset()
             self.presence.joined(a)
             self._later(t, a, self._step)

@@ -22,7 +22,7 @@ MISTAKES = [
     (["algorithm.mpca.alpha.peak=2"], "alpha.peak must lie in [0, 1]"),
     (["wire.format=fp8"], "'wire.format'"),
     (["wire.block=8"], "'wire.block'"),
-    (["algorithm.name=sgd"], "unknown algorithm 'sgd'; choose one of adag, aeasgd, agn, ddp, diloco, downpour, dynsgd, easgd, mpca, rudra-async, rudra-hardsync, rudra-softsync, single, sync"),
+    (["algorithm.name=sgd"], "unknown algorithm 'sgd'; choose one of adag, aeasgd, agn, ddp, delayed_diloco, diloco, downpour, dynsgd, easgd, mpca, rudra-async, rudra-hardsync, rudra-softsync, single, streaming_diloco, sync"),
     (["algorithm.name=sync", "algorithm.every=0"], "'algorithm.every'"),
     (["algorithm.name=sync", "algorithm.shards=3"], "unknown configuration key 'algorithm.shards'"),
     (["algorithm.name=single"], "algorithm 'single' trains one agent"),
