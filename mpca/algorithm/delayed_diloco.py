@@ -36,7 +36,7 @@ class DelayedDiLoCoAgent(OuterAgent):
     previous round's average (waiting for it only if it has not arrived)."""
 
     def __init__(self, ctx: AgentContext, every: int, eager: bool, lr: float, momentum: float):
-        super().__init__(ctx, lr, momentum)
+        super().__init__(ctx, lr, momentum, queue=2)  # round r + 1 may end before the driver took round r's
         if ctx.shards.layout.num_shards != 1:
             raise ValueError("delayed DiLoCo exchanges the whole model: use one shard")
         self.every, self.eager = every, eager

@@ -15,6 +15,7 @@ shard), so that a replacement whose join vectors already hold a step ignores its
 """
 from __future__ import annotations
 
+import collections
 import threading
 from typing import Any, Dict, List, Optional
 
@@ -65,16 +66,18 @@ class OuterDriver(DriverRule):
 
 class OuterAgent(AgentRule):
     """An agent's copy θ of the global model (one flat vector per shard, on its device), its outer momentum per
-    shard, the outer gradients it took and has not yielded yet, and the averages delivered and not applied yet."""
+    shard, the outer gradients it took and has not yielded yet (the oldest goes up first; at most ``queue`` per
+    shard: an agent that may take the next one before the driver asks for this one keeps both), and the versions
+    of the averages delivered."""
 
-    def __init__(self, ctx: AgentContext, lr: float, momentum: float):
+    def __init__(self, ctx: AgentContext, lr: float, momentum: float, queue: int = 1):
         super().__init__(ctx)
         S = ctx.shards.layout.num_shards
         self.lr, self.momentum = lr, momentum
         self.theta = [ctx.shards.read(s, ctx.device) for s in range(S)]
         self.momentum_bufs: List[Optional[torch.Tensor]] = [None] * S
         self.have: List[Optional[int]] = [None] * S  # the latest version delivered per shard (None: none yet)
-        self.snapshots: List[Optional[torch.Tensor]] = [None] * S  # outer gradients awaiting the driver's yield
+        self.snapshots = [collections.deque(maxlen=queue) for _ in range(S)]  # outer gradients awaiting a yield
         self.steps = 0
         self.cond = threading.Condition()
 
@@ -85,7 +88,7 @@ class OuterAgent(AgentRule):
 
     def take_snapshot(self, shard: int, delta: torch.Tensor) -> None:
         with self.cond:
-            self.snapshots[shard] = delta.cpu()
+            self.snapshots[shard].append(delta.cpu())
             self.cond.notify_all()
 
     def outer_step(self, shard: int, grad: torch.Tensor) -> torch.Tensor:
@@ -118,7 +121,7 @@ class OuterAgent(AgentRule):
                 self.theta[s] = self.flat(p)
                 self.momentum_bufs[s] = None
                 self.have[s] = None if versions[s] is None else int(versions[s])
-                self.snapshots[s] = None
+                self.snapshots[s].clear()
             self.cond.notify_all()
 
     def reset_target(self, shard: int, pieces: List[torch.Tensor]) -> List[torch.Tensor]:
@@ -126,13 +129,13 @@ class OuterAgent(AgentRule):
 
     def yield_ready(self, shard: int, params: Params, timeout_s: float) -> None:
         with self.cond:
-            if not self.cond.wait_for(lambda: self.snapshots[shard] is not None, timeout_s):
+            if not self.cond.wait_for(lambda: bool(self.snapshots[shard]), timeout_s):
                 raise TimeoutError(f"agent {self.ctx.agent_id} has no outer gradient of shard {shard} after "
                                    f"{timeout_s:.0f}s (step {self.steps})")
 
     def contribution(self, shard: int, params: Params):
         with self.cond:
-            snap, self.snapshots[shard] = self.snapshots[shard], None
+            snap = self.snapshots[shard].popleft() if self.snapshots[shard] else None
         if snap is None:  # nothing taken since the last yield (a second request of the same cycle)
             return torch.zeros(self.ctx.shards.layout.shard_numel(shard), dtype=self.ctx.shards.layout.wire_dtype), \
                 0.0, {}

@@ -5,10 +5,11 @@ The grid is built around the 1:5 rule the paper takes for the synchronous baseli
 Table 1: the period is chosen so that communication takes a fifth of the computation between two
 exchanges): with an exchange as costly as ``r`` training steps (the regime's communication/computation
 ratio), H = 5 r local steps, and its neighbours H / 2 and 2 H.  The same three periods are offered to every
-periodic method (sync's H, EASGD's τ, DiLoCo's H); EASGD also gets the paper's lower bound for τ, K r
-(§3.2: every agent's round trip through the parameter server in turn), DiLoCo its outer learning rate at
-0.5 and 1.0 beside its paper's 0.7, and MPCA its long-run elastic coefficient α at half and twice the
-default.  Algorithms without a period (DDP, one agent)
+periodic method (sync's H, EASGD's τ, the H of DiLoCo, Streaming DiLoCo and delayed DiLoCo); EASGD also gets the
+paper's lower bound for τ, K r (§3.2: every agent's round trip through the parameter server in turn), the three
+DiLoCos their outer learning rate at 0.5 and 1.0 beside the paper's 0.7, Streaming DiLoCo also α = 1 with τ = 0
+and fragments cut by bytes (:data:`STREAMING_VARIANTS`), and MPCA its long-run elastic coefficient α at half and
+twice the default: 3 settings for mpca, 4 for EASGD, 5 for DiLoCo and delayed DiLoCo, 7 for Streaming DiLoCo.  Algorithms without a period (DDP, one agent)
 run once as they are.  A setting is better when it reaches more targets, then sooner the tightest one it
 reached, then with the lower final error: no baseline is ever tuned down.  When the best setting lies on
 the grid's edge along its main axis (the period; MPCA's α), :func:`beyond` offers the next point past it
@@ -20,7 +21,9 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Sequence, Tuple
 
-PERIODIC = {"sync": "every", "easgd": "every", "diloco": "every"}  # the period's field in each algorithm
+PERIODIC = {"sync": "every", "easgd": "every", "diloco": "every", "streaming_diloco": "every",
+            "delayed_diloco": "every"}  # the period's field in each algorithm
+OUTER = ("diloco", "streaming_diloco", "delayed_diloco")  # outer Nesterov step: its learning rate is tuned too
 EXTEND = 2  # points past the grid's edge at most, per algorithm
 
 
@@ -30,7 +33,12 @@ def periods(ratio: float) -> List[int]:
     return sorted({max(1, round(h / 2)), h, 2 * h})
 
 
-DILOCO_OUTER_LRS = (0.5, 1.0)  # DiLoCo's outer learning rates tried besides its default
+DILOCO_OUTER_LRS = (0.5, 1.0)  # the outer learning rates tried besides the default 0.7 (every OUTER algorithm)
+# Streaming DiLoCo's own axes, tried at the middle period besides its defaults (P = 3 strided fragments, τ = 1,
+# α = 0.5): the outer result taken whole with no overlap (α = 1, τ = 0: DiLoCo's merge, fragments kept), and
+# fragments cut by bytes (the teacher MLP's three layers hold 6%, 93% and 1% of its bytes)
+STREAMING_VARIANTS = (("mix=1,overlap=0", {"mix": 1.0, "overlap": 0}),
+                      ("fragment_layout=bytes", {"fragment_layout": "bytes"}))
 
 
 def grid(name: str, ratio: float, agents: int) -> List[Tuple[str, dict]]:
@@ -42,9 +50,11 @@ def grid(name: str, ratio: float, agents: int) -> List[Tuple[str, dict]]:
         if name == "easgd":
             hs = sorted(set(hs) | {max(1, round(agents * ratio))})
         points = [(f"{PERIODIC[name]}={h}", {"name": name, PERIODIC[name]: h}) for h in hs]
-        if name == "diloco":
-            h = hs[len(hs) // 2]  # 5 r
+        h = hs[len(hs) // 2]  # 5 r
+        if name in OUTER:
             points += [(f"every={h},outer_lr={lr:g}", {"name": name, "every": h, "outer_lr": lr}) for lr in DILOCO_OUTER_LRS]
+        if name == "streaming_diloco":
+            points += [(f"every={h},{label}", {"name": name, "every": h, **extra}) for label, extra in STREAMING_VARIANTS]
         return points
     if name == "mpca":
         from mpca.algorithm.schedules import AlphaSchedule
@@ -74,7 +84,8 @@ def _axis(name: str, algo: dict):
     """The value of ``algo`` on its algorithm's main axis, or None for a point off it (DiLoCo's outer-lr
     variants)."""
     if name in PERIODIC:
-        return None if "outer_lr" in algo else algo[PERIODIC[name]]
+        off_axis = "outer_lr" in algo or any(k in algo for _, extra in STREAMING_VARIANTS for k in extra)
+        return None if off_axis else algo[PERIODIC[name]]
     if name == "mpca":
         return algo["alpha"]["target"]
     return None
@@ -85,7 +96,7 @@ def at_best(name: str, tried: Sequence[dict], best_index: int) -> List[Tuple[str
     another (DiLoCo's outer learning rates: the extension past the grid's edge moves the period, and a period
     of a different length wants its own outer step), those not tried yet: (label, algorithm config)."""
     top = tried[best_index]["algorithm"]
-    if name != "diloco" or "outer_lr" in top:
+    if name not in OUTER or "outer_lr" in top:
         return []
     done = {(p["algorithm"].get("every"), p["algorithm"].get("outer_lr")) for p in tried}
     return [(f"every={top['every']},outer_lr={lr:g}", {**top, "outer_lr": lr})

@@ -10,8 +10,10 @@ from tests import helpers
 pytestmark = pytest.mark.cluster()
 
 
-@pytest.mark.parametrize("algorithm", [{"name": "sync", "every": 10}, {"name": "diloco", "every": 10}],
-                         ids=["sync", "diloco"])
+@pytest.mark.parametrize("algorithm", [{"name": "sync", "every": 10}, {"name": "diloco", "every": 10},
+                                       {"name": "streaming_diloco", "every": 12, "fragment_layout": "bytes"},
+                                       {"name": "delayed_diloco", "every": 10}],
+                         ids=["sync", "diloco", "streaming_diloco", "delayed_diloco"])
 def test_rounds_go_on_with_the_survivor_and_the_replacement_joins_the_current_round(spark, tmp_path, algorithm):
     go = tmp_path / "cycles-under-way"  # the kill comes once a cycle has been evaluated, never at start-up
     hook = helpers.FaultThenRecovery(go)  # stops 3 evaluations after both agents are back (45 s at most)

@@ -163,6 +163,59 @@ def test_diloco_outer_step_is_nesterov_on_the_averaged_pseudo_gradient(spark):
     assert torch.allclose(fit.model.w.detach(), ref.detach(), rtol=0, atol=1e-9)
 
 
+def _nesterov_sequence(target: torch.Tensor, steps: int) -> torch.Tensor:
+    """``steps`` outer Nesterov steps (lr 0.7, μ 0.9, torch's own SGD) from 0 on the outer gradient x̃ − target."""
+    ref = torch.nn.Parameter(torch.zeros_like(target))
+    opt = torch.optim.SGD([ref], lr=0.7, momentum=0.9, nesterov=True)
+    for _ in range(steps):
+        ref.grad = ref.detach() - target
+        opt.step()
+    return ref.detach()
+
+
+def test_streaming_diloco_steps_each_fragment_on_its_own_averaged_outer_gradient(spark):
+    """Three fragments (bytes: thirds of w), τ = 1, α = 0.5, fp32.  Every local step sets agent i's model to t_i,
+    so fragment p's mean outer gradient is x̃_p − mean(t)_p whenever it syncs: after the run, fragment p of the
+    joint model is n_p steps of torch's SGD(nesterov) on it, n_p the cycles that reduced p — each fragment with
+    its own momentum, the overlap and the mix leaving the outer step as it is."""
+    fit = _fixed_point_fit(spark, {"name": "streaming_diloco", "fragments": 3, "fragment_layout": "bytes",
+                                   "every": 6, "overlap": 1, "mix": 0.5, "outer_lr": 0.7, "outer_momentum": 0.9},
+                           max_cycles=9, wire="fp32")
+    assert [c.reduce_shard for c in fit.timeline.cycles] == [c.cycle % 3 for c in fit.timeline.cycles]
+    assert all(len(c.agents) == 2 and all(e.weight == 1 for e in c.agents.values()) for c in fit.timeline.cycles)
+    mean_t = (helpers.agent_target(0) + helpers.agent_target(1)) / 2
+    cuts = [0, 10, 20, 30]  # 30 float64 values in three byte-balanced fragments
+    w = fit.model.w.detach()
+    for p in range(3):
+        n = sum(1 for c in fit.timeline.cycles if c.reduce_shard == p)
+        assert n == 3
+        ref = _nesterov_sequence(mean_t, n)
+        assert torch.allclose(w[cuts[p]:cuts[p + 1]], ref[cuts[p]:cuts[p + 1]], rtol=0, atol=1e-9), p
+
+
+def test_delayed_diloco_replays_the_eager_updates_by_hand(spark):
+    """Every local step sets agent i's model to t_i: round r's outer gradient is θ_i − t_i (θ_i: agent i's copy),
+    its eager outer step Δ̂ = Δ_r / 2 + Δ̄_{r−1} − Δ_{r−1} / 2, and the driver's joint model N Nesterov steps on the
+    averages: replayed here by hand, whatever the timing (an agent waits for a late average, never skips it)."""
+    from mpca.algorithm.rules import eager_outer_gradient, nesterov_outer_step
+
+    fit = _fixed_point_fit(spark, {"name": "delayed_diloco", "every": 4, "outer_lr": 0.7, "outer_momentum": 0.9},
+                           max_cycles=6)
+    rounds = len(fit.timeline.cycles)
+    targets = [helpers.agent_target(a) for a in (0, 1)]
+    theta, bufs, previous = [torch.zeros(30, dtype=torch.float64) for _ in range(2)], [None, None], [None, None]
+    joint, joint_buf, mean = torch.zeros(30, dtype=torch.float64), None, None
+    for _ in range(rounds):
+        own = [theta[a] - targets[a] for a in (0, 1)]
+        for a in (0, 1):
+            grad = eager_outer_gradient(own[a], previous[a], mean, 2.0)
+            theta[a], bufs[a] = nesterov_outer_step(theta[a], grad, bufs[a], 0.7, 0.9)
+        previous = own
+        mean = (own[0] + own[1]) / 2
+        joint, joint_buf = nesterov_outer_step(joint, mean, joint_buf, 0.7, 0.9)
+    assert torch.allclose(fit.model.w.detach(), joint, rtol=0, atol=1e-9)
+
+
 def test_sync_agents_hold_identical_models_right_after_each_exchange(spark):
     fit = Trainer(helpers.small_cnn, helpers.cross_entropy, helpers.adam, agents=2, input_shape=(1, 8, 8),
                   algorithm={"name": "sync", "every": 5}, max_cycles=6, eval_every_cycles=100,
@@ -194,7 +247,8 @@ def _cli(out, *overrides):
     return code, summary
 
 
-@pytest.mark.parametrize("name", ["mpca", "single", "sync", "easgd", "diloco", "ddp"])
+@pytest.mark.parametrize("name", ["mpca", "single", "sync", "easgd", "diloco", "streaming_diloco", "delayed_diloco",
+                                  "ddp"])
 def test_each_algorithm_trains_digits_through_the_cli_and_resumes_its_checkpoint(spark, tmp_path, name):
     assert name in algorithm_names()
     extra = ["training.agents=1"] if name == "single" else []

@@ -27,13 +27,18 @@ def test_each_algorithm_gets_its_grid_and_the_others_their_defaults():
     assert [a["every"] for a in diloco] == [30, 60, 120, 60, 60]
     assert [a.get("outer_lr") for a in diloco] == [None, None, None, 0.5, 1.0]
     assert [a["alpha"]["target"] for _, a in grid("mpca", 12, 4)] == [0.025, 0.05, 0.1]
+    assert [a for _, a in grid("delayed_diloco", 12, 4)] == [{**a, "name": "delayed_diloco"} for a in diloco]
+    streaming = [a for _, a in grid("streaming_diloco", 12, 4)]
+    assert [a["every"] for a in streaming] == [30, 60, 120, 60, 60, 60, 60]
+    assert [{k: v for k, v in a.items() if k not in ("name", "every")} for a in streaming[3:]] == \
+        [{"outer_lr": 0.5}, {"outer_lr": 1.0}, {"mix": 1.0, "overlap": 0}, {"fragment_layout": "bytes"}]
     assert grid("ddp", 12, 4) == [("defaults", {"name": "ddp"})] and len(grid("single", 100, 8)) == 1
 
 
 def test_every_grid_point_is_a_valid_algorithm():
     from mpca.algorithm import build_algorithm
 
-    for name in ("sync", "easgd", "diloco", "mpca"):
+    for name in ("sync", "easgd", "diloco", "streaming_diloco", "delayed_diloco", "mpca"):
         for r in REGIMES.values():
             for _, algo in grid(name, r.ratio, 4):
                 build_algorithm(algo)
@@ -101,6 +106,9 @@ def test_a_best_setting_on_the_grid_s_edge_gets_the_next_point_past_it():
     diloco = [{"algorithm": a} for _, a in grid("diloco", 12, 4)]
     assert beyond("diloco", diloco, 0) == ("every=15", {"name": "diloco", "every": 15})
     assert beyond("diloco", diloco, 3) is None  # an outer-lr variant: off the main axis
+    streaming = [{"algorithm": a} for _, a in grid("streaming_diloco", 12, 4)]
+    assert beyond("streaming_diloco", streaming, 2)[0] == "every=240"
+    assert beyond("streaming_diloco", streaming, 5) is None and beyond("streaming_diloco", streaming, 6) is None
     mpca = [{"algorithm": a} for _, a in grid("mpca", 12, 4)]  # alpha.target = 0.025, 0.05, 0.1
     assert beyond("mpca", mpca, 2) == ("alpha.target=0.2", {"name": "mpca", "alpha": {"target": 0.2}})
     assert beyond("mpca", mpca, 0)[0] == "alpha.target=0.0125"
