@@ -27,7 +27,8 @@ from mpca.algorithm.rules import finish_reduction, nesterov_outer_step
 
 class OuterDriver(DriverRule):
     """Per shard: Δ̄ = Σ Δ_i / n, the joint shard's outer Nesterov step (its own momentum per shard), Δ̄ broadcast
-    by the next cycle's job (lag 1).  Cycle c reduces shard c mod S."""
+    by the next cycle's job (lag 1).  Cycle c reduces shard (c − c₀) mod S, c₀ the run's first cycle: the agents
+    of a run resumed from a checkpoint start their schedule afresh, with shard 0."""
 
     deliver_before_yield = True  # an agent may wait for a delivery before it reaches its next sync step
 
@@ -37,6 +38,12 @@ class OuterDriver(DriverRule):
         self.momentum_bufs: List[Optional[torch.Tensor]] = [None] * len(joint)
         self.versions = [0] * len(joint)  # outer steps taken per shard
         self.workers = float(agents)  # contributors to the latest reduction (the M of eager updates)
+        self.first_cycle: Optional[int] = None  # c₀: this run's first cycle (not checkpointed)
+
+    def reduce_shard(self, cycle: int) -> int:
+        if self.first_cycle is None:
+            self.first_cycle = cycle
+        return (cycle - self.first_cycle) % self.num_shards
 
     def stage_lag(self, first: bool = False) -> int:
         return 1  # staged as the job ends (a few vector operations), broadcast by the next job

@@ -180,6 +180,8 @@ def test_the_driver_takes_the_outer_step_and_broadcasts_the_average_with_its_ver
     sent = driver.on_reduced(4, 0, partial)
     assert torch.allclose(sent, T(0.4, 0.2)) and torch.allclose(driver.joint[0], T(0.8, 0.9))
     assert driver.cycle_params(5) == {"fragment": 1, "versions": [1, 0], "workers": 2.0}
+    resumed = OuterDriver([T(1.0, 1.0), T(2.0)], agents=2, lr=0.5, momentum=0.0)  # a checkpoint's cycle 7 first:
+    assert [resumed.reduce_shard(c) for c in (7, 8, 9)] == [0, 1, 0]  # its fresh agents sync fragment 0 first
 
 
 # --------------------------------------------------------------------------- eager updates
