@@ -29,13 +29,14 @@ from mpca.sim.grid import crossing_time
 from mpca.sim.simulator import SimConfig, Simulator
 from mpca.sim.workload import TeacherWorkload
 
-ALGORITHMS = ("mpca", "sync", "diloco", "easgd")
+ALGORITHMS = ("mpca", "sync", "diloco", "streaming_diloco", "delayed_diloco", "easgd")
 TARGETS = (0.30, 0.26, 0.24)  # the benchmark's (bench compare's default on the teacher task)
 
 
-def base_config(name: str, agents: int, max_s: float, rows: int) -> SimConfig:
+def base_config(name: str, agents: int, max_s: float, rows: int, link: str = None) -> SimConfig:
+    """The regime's link (or ``link``: ``inf`` is the physical limit, where only compute counts) and step time."""
     r = regime(name)
-    return SimConfig(agents=agents, network=NetworkConstants(link_bps=parse_rate(r.link)),
+    return SimConfig(agents=agents, network=NetworkConstants(link_bps=parse_rate(link or r.link)),
                      compute=ComputeModel(step_s=r.device_step_s),
                      workload=TeacherWorkload(hidden=(1024, 1024), rows_per_agent=rows),
                      max_virtual_s=max_s, eval_every_s=1.0, targets=TARGETS)
@@ -119,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-seconds", type=float, default=120.0, help="virtual seconds per run at most")
     ap.add_argument("--rows", type=int, default=50_000, help="teacher rows per agent")
     ap.add_argument("--extend", type=int, default=4, help="points past the grid's edge at most, per algorithm")
+    ap.add_argument("--link", default=None, help="every host's port instead of the regime's: inf gives the "
+                    "infinite-bandwidth limit that every time is divided by (the period grid stays the regime's)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (one: several of these side by side run far faster than oversubscribed)")
@@ -130,9 +133,9 @@ def main(argv=None) -> int:
     for name in args.regime.split(","):
         r = regime(name)
         for k in (int(x) for x in args.agents.split(",")):
-            key = f"{r.describe()}, K = {k}"
+            key = f"{r.describe()}, K = {k}" + (f", link {args.link}" if args.link else "")
             print(key, file=sys.stderr, flush=True)
-            base = base_config(name, k, args.max_seconds, args.rows)
+            base = base_config(name, k, args.max_seconds, args.rows, args.link)
             cell = {}
             for algo in args.algorithms.split(","):
                 tried = tune(base, algo, r.ratio, seeds, args.extend)

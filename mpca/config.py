@@ -178,7 +178,7 @@ class WireSection(_Strict):
     formats use error feedback (each sender adds what its last message of the same shard lost)."""
 
     format: Optional[WireFormat] = Field(None, description="fp32, bf16, int8 or int4 (None: the algorithm's "
-                                         "default: int4 for streaming_diloco, the paper's 4 bits; fp32 otherwise)")
+                                         "default: int8 for mpca, int4 for streaming_diloco, fp32 otherwise)")
     block: int = Field(DEFAULT_BLOCK, ge=64, description="values per quantisation block (int8, int4)")
 
     def resolved(self, algorithm: Algorithm) -> str:

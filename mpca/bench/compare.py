@@ -157,9 +157,10 @@ STARTUP_PHASES = ("task_started_s", "data_s", "build_s", "rows_there_s")  # per 
 
 
 def ratio_run(results: Dict[str, dict]) -> dict:
-    """The run whose cycles measure the comm/comp ratio of one model exchange: mpca's, at fp32 where the wire
-    varies (labels ``mpca@fp32``, ``mpca@int8``), else the first mpca run; {} without one."""
-    for label in ("mpca", "mpca@fp32"):
+    """The run whose cycles measure the comm/comp ratio of one model exchange: mpca's at fp32 where there is one
+    (``mpca@fp32``: the regimes' ratios are those of full-precision exchanges), else ``mpca`` (its default
+    format: int8), else the first mpca run; {} without one."""
+    for label in ("mpca@fp32", "mpca"):
         if label in results:
             return results[label]
     return next((r for r in results.values() if (r.get("algorithm") or {}).get("name") == "mpca"), {})

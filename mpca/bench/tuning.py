@@ -9,7 +9,8 @@ periodic method (sync's H, EASGD's τ, the H of DiLoCo, Streaming DiLoCo and del
 paper's lower bound for τ, K r (§3.2: every agent's round trip through the parameter server in turn), the three
 DiLoCos their outer learning rate at 0.5 and 1.0 beside the paper's 0.7, Streaming DiLoCo also α = 1 with τ = 0
 and fragments cut by bytes (:data:`STREAMING_VARIANTS`), and MPCA its long-run elastic coefficient α at half and
-twice the default: 3 settings for mpca, 4 for EASGD, 5 for DiLoCo and delayed DiLoCo, 7 for Streaming DiLoCo.  Algorithms without a period (DDP, one agent)
+twice the default: 3 settings for mpca, 4 for EASGD, 5 for DiLoCo and delayed DiLoCo, 7 for Streaming
+DiLoCo.  Algorithms without a period (DDP, one agent)
 run once as they are.  A setting is better when it reaches more targets, then sooner the tightest one it
 reached, then with the lower final error: no baseline is ever tuned down.  When the best setting lies on
 the grid's edge along its main axis (the period; MPCA's α), :func:`beyond` offers the next point past it

@@ -79,8 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-s", type=float, default=0.3, help="device time of one step (s)")
     p.add_argument("--jitter", type=float, default=0.0, help="log-normal σ of the step time (0: fixed)")
     p.add_argument("--speeds", default="", help="stragglers, e.g. 1:0.5 (agent 1 at half speed)")
-    p.add_argument("--wire", default=None, help="fp32, bf16, int8 or int4 (default: the algorithm's: int4 for "
-                   "streaming_diloco, fp32 otherwise)")
+    p.add_argument("--wire", default=None, help="fp32, bf16, int8 or int4 (default: the algorithm's: int8 for mpca, "
+                   "int4 for streaming_diloco, fp32 otherwise)")
     p.add_argument("--max-seconds", type=float, default=120.0, help="virtual seconds at most")
     p.add_argument("--eval-every", type=float, default=5.0, help="virtual seconds between evaluations")
     p.add_argument("--targets", default="0.5,0.4", help="holdout errors, comma-separated")

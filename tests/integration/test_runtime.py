@@ -138,7 +138,7 @@ def test_deterministic_joint_model_matches_core_rules(spark, shards, cycles, sta
                      delta=hyper.delta)
     fit = Trainer(helpers.fixed_point_model, helpers.half_squared_norm, helpers.sgd_one, agents=2,
                   algorithm=algorithm, input_shape=(1,), batch_size=8, holdout=0.0, max_cycles=cycles,
-                  eval_every_cycles=100, spark=spark).fit(df)
+                  eval_every_cycles=100, wire="fp32", spark=spark).fit(df)  # the paper's exact exchange: a replay
     layout = ShardLayout.from_module(helpers.fixed_point_model(), shards)
     lag = 2 if shards >= 3 and stage == "overlapped" else 1
     # the shard broadcast in cycle c is the one reduced in cycle c - lag; the first reduction is broadcast by
@@ -193,7 +193,7 @@ def test_checkpoint_holds_the_reduction_waiting_to_be_staged(spark, tmp_path, re
     rng = np.random.default_rng(0)
     df = to_dataframe(spark, rng.normal(size=(64, 1)).astype(np.float32), np.zeros(64, dtype=np.int64), 2)
     common = dict(agents=2, algorithm=algorithm, input_shape=(1,), batch_size=8, holdout=0.0, eval_every_cycles=100,
-                  spark=spark, checkpoint_dir=str(tmp_path), checkpoint_every=5)
+                  spark=spark, checkpoint_dir=str(tmp_path), checkpoint_every=5, wire="fp32")  # exact: a replay
     first = Trainer(helpers.fixed_point_model, helpers.half_squared_norm, helpers.sgd_one, max_cycles=7,
                     **common).fit(df)
     for ext in ("json", "pt"):  # resume from the mid-run checkpoint (cycle 5), not from the final one

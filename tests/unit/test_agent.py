@@ -13,6 +13,8 @@ from mpca.config import DataSection, TrainingSection, WireSection
 from mpca.runtime.agent import Agent, AgentSpec
 from mpca.runtime.initial import InitialModel
 
+FP32 = WireSection(format="fp32")  # the paper's exchange, exact: these tests check the rules' arithmetic
+
 _SMALL = {"data": DataSection(input_shape=[3]), "training": TrainingSection(batch_size=2)}
 
 
@@ -29,7 +31,7 @@ def _agent():
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
                      optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), initial=InitialModel.shipping(m),
-                     algorithm=MPCA(shards=2), **_SMALL)
+                     algorithm=MPCA(shards=2), **_SMALL, wire=FP32)
     return Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
 
 
@@ -112,7 +114,8 @@ def test_agent_cpus_pin_the_training_thread_only():
     m = _AffinityProbe(3, 2)
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=lambda: _AffinityProbe(3, 2), loss_fn=lambda out, y: out.sum(),
                      optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 1), initial=InitialModel.shipping(m),
-                     data=DataSection(input_shape=[3]), training=TrainingSection(batch_size=2, agent_cpus=[0]))
+                     data=DataSection(input_shape=[3]), training=TrainingSection(batch_size=2, agent_cpus=[0]),
+                     wire=FP32)
     a = Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
     before = os.sched_getaffinity(0)
     t = threading.Thread(target=a.train_forever)
@@ -174,7 +177,7 @@ def test_pull_comes_before_the_gradient_step_with_a_real_learning_rate():
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: (out ** 2).sum(),
                      optimizer_fn=lambda p: torch.optim.SGD(p, lr=0.1), layout=ShardLayout.from_module(m, 1),
-                     initial=InitialModel.shipping(m), algorithm=MPCA(shards=1), **_SMALL)
+                     initial=InitialModel.shipping(m), algorithm=MPCA(shards=1), **_SMALL, wire=FP32)
     a = Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
     x0 = [p.detach().clone() for p in a.model.parameters()]
     target = torch.zeros(a.spec.layout.shard_numel(0))
@@ -226,7 +229,7 @@ def test_a_replacement_contributes_nothing_until_it_starts_from_the_joint_model(
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
                      optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), initial=InitialModel.shipping(m),
-                     algorithm=MPCA(shards=2), **_SMALL)
+                     algorithm=MPCA(shards=2), **_SMALL, wire=FP32)
     a = Agent(spec, 1, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long), attempt=1)
     assert a.joining
     header, payload = a.handle({"op": "yield", "shard": 0, "cycle": 9}, b"")
@@ -336,7 +339,8 @@ def _emulated_agent(step_s, device_speed=None):
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
                      optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), initial=InitialModel.shipping(m),
                      algorithm=MPCA(shards=2), data=DataSection(input_shape=[3]),
-                     training=TrainingSection(batch_size=2, device_step_s=step_s, device_speed=device_speed or {}))
+                     training=TrainingSection(batch_size=2, device_step_s=step_s, device_speed=device_speed or {}),
+                     wire=FP32)
     return Agent(spec, 0, torch.zeros(64, 3), torch.zeros(64, dtype=torch.long))
 
 
@@ -440,7 +444,7 @@ def _ramp_agent(rows, seen):
 
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=loss, optimizer_fn=_frozen_sgd,
                      layout=ShardLayout.from_module(m, 2), initial=InitialModel.shipping(m), algorithm=MPCA(shards=2),
-                     data=DataSection(input_shape=[3]), training=TrainingSection(batch_size=4), classes=None)
+                     data=DataSection(input_shape=[3]), training=TrainingSection(batch_size=4), classes=None, wire=FP32)
     there = rows.ready()
     x, y = rows.view()
     return Agent(spec, 0, x[:there], y[:there], loading=rows)

@@ -176,6 +176,7 @@ def test_the_comm_comp_ratio_comes_from_mpcas_fp32_run_when_the_wire_varies():
                                                                               ("sync", None)))
     assert ratio_run({"mpca@int8": int8, "mpca@fp32": fp32, "sync": sync}) is fp32
     assert ratio_run({"sync": sync, "mpca": int8}) is int8
+    assert ratio_run({"mpca": int8, "mpca@fp32": fp32}) is fp32  # mpca's default is int8: fp32 measures the regime
     assert ratio_run({"sync": sync, "mpca:gamma0": int8}) is int8  # an mpca variant alone
     assert ratio_run({"sync": sync}) == {}
 

@@ -32,7 +32,7 @@ def test_a_short_simulation_prints_the_constants_and_writes_json(tmp_path, capsy
     assert code == 0
     assert "constants: link 100 Mbit/s" in printed and "job overhead 0.25 s" in printed
     assert "exchange CPU 0.06 s/MB on 2 shared core(s)" in printed
-    assert "mpca | 2 | fp32" in printed
+    assert "mpca | 2 | int8" in printed  # without --wire: the algorithm's own default
     data = json.loads(out.read_text())
     assert data["constants"]["link_bps"] == 100e6 and data["history"]
     assert data["constants"]["exchange_cpu_s_per_mb"] == 0.06 and data["constants"]["host_cores"] == 2

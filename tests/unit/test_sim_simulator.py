@@ -194,8 +194,8 @@ def test_service_round_trips_are_charged_the_exchange_cpu_too():
 
 
 def test_lossy_wire_formats_move_fewer_bytes():
-    fp32 = simulate(config("mpca", max_virtual_s=5.0))
-    int8 = simulate(config("mpca", wire="int8", max_virtual_s=5.0))
+    fp32 = simulate(config("mpca", wire="fp32", max_virtual_s=5.0))
+    int8 = simulate(config("mpca", max_virtual_s=5.0))  # mpca's default format
     assert int8.cycles[0].bytes_up < fp32.cycles[0].bytes_up / 3
 
 
