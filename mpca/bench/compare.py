@@ -1,6 +1,7 @@
 """Time to accuracy, algorithm against algorithm, on the same cluster, data, model, seed and targets.
 
-    mpca bench compare [-c conf/teacher_mlp.yaml] [--algorithms mpca,sync,easgd,diloco,ddp,single]
+    mpca bench compare [-c conf/teacher_mlp.yaml]
+                       [--algorithms mpca,sync,easgd,diloco,streaming_diloco,delayed_diloco,ddp,single]
                        [--ablations] [--targets 0.3,0.26,0.24] [--max-seconds 120] [--repeats 1]
                        [--network none|1gbit|100mbit|RATE] [--straggler AGENT:SPEED] [--out runs/compare]
                        [--variant LABEL=NAME,key=value,...] [--device-step SECONDS]
@@ -551,7 +552,7 @@ def main(argv=None, *, nested: bool = False) -> int:
     """``nested``: one K of this process's ``--agents`` sweep (an emulated cluster runs as a child of it)."""
     ap = argparse.ArgumentParser(prog="mpca bench compare", description=__doc__.splitlines()[0])
     ap.add_argument("-c", "--config", action="append", default=[], help=f"job YAML (default {DEFAULT_CONFIG})")
-    ap.add_argument("--algorithms", default="mpca,sync,easgd,diloco,ddp,single")
+    ap.add_argument("--algorithms", default="mpca,sync,easgd,diloco,streaming_diloco,delayed_diloco,ddp,single")
     ap.add_argument("--ablations", action="store_true",
                     help="add mpca:gamma0, mpca:uniform, mpca:S1, mpca:S2, mpca:elastic")
     ap.add_argument("--targets", default="0.3,0.26,0.24", help="holdout errors, comma-separated (the defaults suit "
