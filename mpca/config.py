@@ -183,7 +183,7 @@ class WireSection(_Strict):
 
     def resolved(self, algorithm: Algorithm) -> str:
         """The format a run of ``algorithm`` uses: ``format``, or the algorithm's default."""
-        return self.format or algorithm.default_wire
+        return algorithm.wire_format(self.format)
 
 
 class StopSection(_Strict):

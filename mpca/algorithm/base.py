@@ -335,6 +335,11 @@ class Algorithm(BaseModel):
     def driver_rule(self, joint: List[torch.Tensor], agents: int) -> DriverRule:
         raise NotImplementedError
 
+    def wire_format(self, configured: Optional[str]) -> str:
+        """The wire format a run of this algorithm uses: ``configured`` (``wire.format``), or, where it is not
+        set, the algorithm's own default (:attr:`default_wire`)."""
+        return configured or self.default_wire
+
     def shard_layout(self, module: torch.nn.Module) -> ShardLayout:
         """How the exchanged tensors of ``module`` are cut into :attr:`num_shards` shards (by bytes; Streaming
         DiLoCo: whole layers, its fragments).  The runtime, the trainer and the simulator all take it from here."""

@@ -40,7 +40,6 @@ class DelayedDiLoCoAgent(OuterAgent):
         if ctx.shards.layout.num_shards != 1:
             raise ValueError("delayed DiLoCo exchanges the whole model: use one shard")
         self.every, self.eager = every, eager
-        self.rounds = 0  # rounds finished since it started (or joined)
         self.previous: Optional[torch.Tensor] = None  # its own outer gradient of the previous round
         self.averages: collections.deque = collections.deque()  # delivered (Δ̄, M), oldest first
         self.due: Optional[torch.Tensor] = None  # a finished round's outer gradient waiting for Δ̄_{r−1}
@@ -51,7 +50,6 @@ class DelayedDiLoCoAgent(OuterAgent):
             return
         own = self.outer_gradient(0)
         self.take_snapshot(0, own)
-        self.rounds += 1
         if self.previous is None:  # its first round (from the start or a join): no average is due
             self._step(own, None)
         elif self.averages:
@@ -95,7 +93,7 @@ class DelayedDiLoCoAgent(OuterAgent):
 
     def joined(self, pieces, params: Params) -> None:
         super().joined(pieces, params)
-        self.rounds, self.previous, self.due = 0, None, None
+        self.previous, self.due = None, None
         self.averages.clear()
 
 

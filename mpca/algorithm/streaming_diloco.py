@@ -106,10 +106,6 @@ class StreamingDiLoCoAgent(OuterAgent):
             self.apply_at[p], self.pending[p] = None, None
 
 
-class StreamingDiLoCoDriver(OuterDriver):
-    """The fragments' outer steps (:class:`~mpca.algorithm.outer.OuterDriver`)."""
-
-
 @register
 class StreamingDiLoCo(Algorithm):
     """Streaming DiLoCo: DiLoCo over P fragments synced in turn, overlapped with τ inner steps, 4-bit exchange."""
@@ -153,4 +149,4 @@ class StreamingDiLoCo(Algorithm):
                                  lr=self.outer_lr, momentum=self.outer_momentum)
 
     def driver_rule(self, joint, agents):
-        return StreamingDiLoCoDriver(joint, agents, self.outer_lr, self.outer_momentum)
+        return OuterDriver(joint, agents, self.outer_lr, self.outer_momentum)  # the fragments' outer steps

@@ -142,7 +142,7 @@ class Simulator:
         bound = self.layout.bind_module(model, algo.buffers)
         self.rule = algo.driver_rule([bound.read(s) for s in range(self.layout.num_shards)], K)
         init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.wire = cfg.wire or algo.default_wire
+        self.wire = algo.wire_format(cfg.wire)
         self.codec = Codec.of(self.wire, cfg.wire_block, self.layout.wire_dtype)
         self.ring_feedback = [ErrorFeedback(self.codec) for _ in range(K)]  # ddp's compressed ring, per rank
         self.clock = VirtualClock()

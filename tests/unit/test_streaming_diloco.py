@@ -9,7 +9,6 @@ import torch
 from mpca.algorithm import AgentContext, ShardLayout, WeightedSum, build_algorithm, eager_outer_gradient, mix_
 from mpca.algorithm.delayed_diloco import DelayedDiLoCoAgent
 from mpca.algorithm.outer import OuterDriver
-from mpca.algorithm.rules import nesterov_outer_step
 from mpca.algorithm.sharding import TensorSpec, fragment_groups
 from mpca.algorithm.streaming_diloco import StreamingDiLoCoAgent, sync_offset
 from mpca.algorithm.wire import Codec, ErrorFeedback
@@ -232,4 +231,3 @@ def test_every_new_algorithm_is_registered_with_its_settings_checked():
     with pytest.raises(ValueError, match="at least the number of fragments"):
         build_algorithm({"name": "streaming_diloco", "every": 2, "overlap": 0})
     assert build_algorithm("delayed_diloco").num_shards == 1
-    assert nesterov_outer_step is not None
