@@ -217,7 +217,7 @@ def test_two_eager_agents_take_their_own_outer_gradient_at_once_and_the_average_
         a.receive(0, [mean0], {"versions": [1], "workers": 2.0})
         assert not a.waiting()
     assert [float(a.theta[0][0]) for a in agents] == [2.25, 2.75]
-    assert [float(a.ctx.model.weight[0, 0]) for a in agents] == [2.25, 2.75]  # x ← θ
+    assert [float(a.ctx.model.weight.detach()[0, 0]) for a in agents] == [2.25, 2.75]  # x ← θ
     naive = _agent(DelayedDiLoCoAgent, every=1, eager=False)
     naive.theta[0] = T(0.0, 0.0)
     step(naive, 1.0)
