@@ -50,6 +50,18 @@ def _predict(args) -> int:
 
 
 def _data(args) -> int:
+    if args.dataset == "pytext":
+        from mpca.data.text import TextCorpus
+
+        corpus = TextCorpus(root=args.root, window=args.window, holdout=args.holdout, max_mb=args.max_mb)
+        s = corpus.write_parquet(args.path)
+        print(f"{args.path}: byte windows of {s['window']} tokens from {s['root']}, split by file:")
+        for side in ("train", "holdout"):
+            print(f"  {side:<8} {s[side]['files']:>5} files {s[side]['bytes'] / 1e6:8.2f} MB "
+                  f"{s[side]['windows']:>8} windows -> {args.path}/{side}")
+        print(f"  files of each side: {args.path}/files.json; train with data.path={args.path}/train "
+              f"data.holdout_path={args.path}/holdout")
+        return 0
     from mpca.data.datasets import write_parquet
 
     print(write_parquet(args.dataset, args.path))
@@ -124,9 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prediction-col", default="prediction")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     p.set_defaults(func=_predict)
-    d = sub.add_parser("data", help="write a bundled dataset as Parquet", parents=[common])
-    d.add_argument("dataset", choices=["digits", "mnist5k"])
+    d = sub.add_parser("data", help="write a bundled dataset as Parquet (pytext: the Python standard library's "
+                                    "source as byte windows, train/ and holdout/ split by file)", parents=[common])
+    d.add_argument("dataset", choices=["digits", "mnist5k", "pytext"])
     d.add_argument("path")
+    d.add_argument("--window", type=int, default=128, help="pytext: tokens (bytes) per row")
+    d.add_argument("--holdout", type=float, default=0.1, help="pytext: the share of files held out")
+    d.add_argument("--max-mb", type=float, default=None, help="pytext: at most this many MB of whole files")
+    d.add_argument("--root", default=None, help="pytext: another directory of text files (default: the stdlib)")
     d.set_defaults(func=_data)
     b = sub.add_parser("bench", help="benchmarks: compare (time to accuracy per algorithm), pull (Eq. 7 cost), "
                                      "exchange (runtime)", parents=[common])

@@ -66,13 +66,29 @@ class TeacherSection(_Strict):
     seed: int = TeacherTask.seed
 
 
+class TextSection(_Strict):
+    """The text corpus ``data.dataset: pytext`` (:mod:`mpca.data.text`): byte windows of a directory's text
+    files (default: the running Python's standard library), split into training and holdout by file
+    (``data.holdout`` of the files, ``seed``)."""
+
+    root: Optional[str] = Field(None, description="directory of text files (None: the Python standard library)")
+    suffix: str = Field(".py", min_length=1, description="which files of root are text")
+    window: int = Field(128, ge=2, description="tokens (bytes) per row; the labels are the next bytes")
+    max_mb: Optional[float] = Field(None, gt=0, description="a deterministic subset of whole files of at most "
+                                    "this many MB (None: every file)")
+
+
 class JobDataSection(DataSection):
     """A job's data: a bundled dataset, a path Spark reads with ``format``, or a catalog table."""
 
-    dataset: Optional[Literal["digits", "mnist5k", "teacher"]] = Field(
-        "digits", description="a bundled dataset, or 'teacher': a synthetic task generated on the executors")
+    dataset: Optional[Literal["digits", "mnist5k", "teacher", "pytext"]] = Field(
+        "digits", description="a bundled dataset, 'teacher': a synthetic task generated on the executors, or "
+        "'pytext': byte windows of the Python standard library's source (a language-model corpus)")
     teacher: TeacherSection = Field(default_factory=TeacherSection)
+    text: TextSection = Field(default_factory=TextSection)
     path: Optional[str] = Field(None, description="file/directory or URI that Spark reads with data.format")
+    holdout_path: Optional[str] = Field(None, description="the rows to score on, read as data.path is (e.g. the "
+                                        "holdout/ of `mpca data pytext`): replaces the hash split of data.holdout")
     table: Optional[str] = Field(None, description="a catalog table (Hive metastore; Unity Catalog: cat.schema.table)")
     format: str = Field("parquet", pattern=r"^[A-Za-z][\w.]*$", description="the Spark data source of data.path: "
                         "parquet, csv, json, orc, delta (where installed), avro, ...")
@@ -93,6 +109,12 @@ class JobDataSection(DataSection):
         if self.dataset == "teacher" and list(self.input_shape) != [self.teacher.features]:
             raise ValueError(f"data.dataset teacher has rows of data.teacher.features={self.teacher.features} "
                              f"values: set data.input_shape to [{self.teacher.features}]")
+        if self.dataset == "pytext" and list(self.input_shape) != [self.text.window]:
+            raise ValueError(f"data.dataset pytext has rows of data.text.window={self.text.window} tokens: set "
+                             f"data.input_shape to [{self.text.window}]")
+        if self.holdout_path is not None and self.path is None:
+            raise ValueError("data.holdout_path goes with data.path (read the same way); data.dataset pytext "
+                             "splits its own holdout by file")
         return self
 
 
@@ -190,18 +212,34 @@ class StopSection(_Strict):
     max_cycles: Optional[int] = Field(None, ge=1)
     max_seconds: Optional[float] = Field(None, gt=0)
     max_epochs: Optional[float] = Field(None, gt=0)
-    target_error: Optional[float] = Field(None, ge=0.0, le=1.0)
+    target_error: Optional[float] = Field(None, ge=0.0, le=1.0, description="stop once the holdout error is at "
+                                          "most this (eval.metric: error)")
+    target_loss: Optional[float] = Field(None, gt=0.0, description="stop once the holdout loss (nats per label, "
+                                         "e.g. per token) is at most this (eval.metric: loss)")
 
     @model_validator(mode="after")
     def _some(self):
-        if all(v is None for v in (self.max_cycles, self.max_seconds, self.max_epochs, self.target_error)):
-            raise ValueError("set at least one of stop.max_cycles, stop.max_seconds, stop.max_epochs, stop.target_error")
+        if all(v is None for v in (self.max_cycles, self.max_seconds, self.max_epochs, self.target_error,
+                                   self.target_loss)):
+            raise ValueError("set at least one of stop.max_cycles, stop.max_seconds, stop.max_epochs, "
+                             "stop.target_error, stop.target_loss")
+        if self.target_error is not None and self.target_loss is not None:
+            raise ValueError("give one target: stop.target_error (eval.metric: error) or stop.target_loss "
+                             "(eval.metric: loss)")
         return self
+
+    @property
+    def target(self) -> Optional[float]:
+        """The target of the run's metric (error or loss), whichever is set."""
+        return self.target_error if self.target_error is not None else self.target_loss
 
 
 class EvalSection(_Strict):
     every_cycles: Optional[int] = Field(5, ge=1)
     every_seconds: Optional[float] = Field(None, gt=0)
+    metric: Literal["error", "loss"] = Field("error", description="what the progress, the plots, the target and "
+                                             "the trackers follow: the holdout's classification error, or its "
+                                             "loss (a language model's nats per token; bits beside it)")
 
 
 class CheckpointSection(_Strict):
@@ -304,6 +342,11 @@ class Settings(_Strict):
     @model_validator(mode="after")
     def _fits(self):
         self.algorithm.check_agents(self.training.agents)
+        if self.stop.target_loss is not None and self.eval.metric != "loss":
+            raise ValueError("stop.target_loss needs eval.metric: loss (the metric is error; use stop.target_error "
+                             "or set eval.metric: loss)")
+        if self.stop.target_error is not None and self.eval.metric != "error":
+            raise ValueError("stop.target_error needs eval.metric: error (the metric is loss; use stop.target_loss)")
         local = parse_local_cluster(self.cluster.master)
         if local is not None:
             execs, cores = local.executors, local.cores
@@ -373,7 +416,8 @@ SHORTCUTS = {
     "holdout": "data.holdout", "holdout_max_rows": "data.holdout_max_rows", "stream": "data.stream",
     "shards": "algorithm.shards", "buffers": "algorithm.buffers", "min_cycle_interval_s": "algorithm.min_cycle_interval_s",
     "max_cycles": "stop.max_cycles", "max_seconds": "stop.max_seconds", "max_epochs": "stop.max_epochs",
-    "target_error": "stop.target_error", "eval_every_cycles": "eval.every_cycles",
+    "target_error": "stop.target_error", "target_loss": "stop.target_loss", "metric": "eval.metric",
+    "eval_every_cycles": "eval.every_cycles",
     "eval_every_seconds": "eval.every_seconds", "checkpoint_dir": "checkpoint.dir",
     "checkpoint_every": "checkpoint.every_cycles", "checkpoint_keep": "checkpoint.keep",
     "resume": "checkpoint.resume", "init_from": "checkpoint.init_from",

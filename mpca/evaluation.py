@@ -13,25 +13,30 @@ import torch
 
 @dataclass(frozen=True)
 class EvalResult:
-    error: float  # classification error in [0, 1] (nan for regression)
-    loss: float
+    error: float  # classification error in [0, 1] (nan for regression): of every label (a sequence's: per token)
+    loss: float  # the loss function's mean over the rows (cross-entropy: nats per label)
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn, batch_size: int = 1024) -> EvalResult:
+    """The model's holdout error and loss on ``(x, y)`` in batches of ``batch_size`` rows.  Class-index labels
+    may be one per row (``y``: (n,), the output (n, C)) or one per position (a sequence: ``y`` (n, T), the
+    output (n, T, C)): the error is the share of labels whose arg-max class is wrong.  The loss is ``loss_fn``'s
+    batch mean weighted by the batch's rows (every row holds as many labels)."""
     model.eval()
     if x.shape[0] == 0:
         return EvalResult(float("nan"), float("nan"))
-    wrong, loss_sum = 0, 0.0
+    wrong, labels, loss_sum = 0, 0, 0.0
     classify = not y.is_floating_point()
     for lo in range(0, x.shape[0], batch_size):
         out = model(x[lo:lo + batch_size])
         yb = y[lo:lo + batch_size]
         loss_sum += float(loss_fn(out, yb)) * yb.shape[0]
         if classify:
-            wrong += int((out.argmax(dim=1) != yb).sum())
+            wrong += int((out.argmax(dim=-1) != yb).sum())
+            labels += yb.numel()
     n = x.shape[0]
-    return EvalResult(wrong / n if classify else float("nan"), loss_sum / n)
+    return EvalResult(wrong / labels if classify else float("nan"), loss_sum / n)
 
 
 def has_batchnorm(model: torch.nn.Module) -> bool:

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 
 from mpca.config import JobConfig
-from mpca.data.sources import job_dataframe
+from mpca.data.sources import job_dataframe, job_holdout
+from mpca.stopping import LN2
 from mpca.errors import UserError
 from mpca.models import training_functions
 from mpca.runtime.cluster import session_for
@@ -23,7 +24,7 @@ log = logging.getLogger("mpca.job")
 EXIT_OK = 0
 EXIT_USER_ERROR = 2
 EXIT_RUN_FAILED = 3
-EXIT_TARGET_NOT_REACHED = 4  # stopped at a time/cycle/epoch limit without reaching stop.target_error
+EXIT_TARGET_NOT_REACHED = 4  # stopped at a time/cycle/epoch limit without reaching stop.target_error (_loss)
 
 
 @dataclass
@@ -83,6 +84,13 @@ def preflight(cfg: JobConfig, starting_spark: bool) -> None:
         from mpca.data.checks import check_parquet
 
         check_parquet(d.path, d.features, d.label, d.input_shape, *training_functions(cfg.model, cfg.optimizer))
+    if d.holdout_path is not None and "://" not in d.holdout_path and not os.path.exists(d.holdout_path):
+        raise UserError(f"data.holdout_path {d.holdout_path!r} does not exist; point it at the rows to score on "
+                        f"(read as {d.format}) or drop it to split data.holdout of the rows")
+    if d.dataset == "pytext":
+        from mpca.data.sources import text_corpus
+
+        text_corpus(d).files()  # a corpus directory that is missing or holds no text: one line, before Spark
     init = cfg.checkpoint.init_from
     if init is not None and "://" not in init and not os.path.exists(init):
         raise UserError(f"checkpoint.init_from {init!r} does not exist; give a previous run's model.pt or "
@@ -181,10 +189,11 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
     try:
         _check_cluster_locations(cfg)
         df = job_dataframe(spark, cfg.data, cfg.training.agents)
+        holdout = job_holdout(spark, cfg.data)
         trainer = Trainer(*training_functions(cfg.model, cfg.optimizer), cfg, spark=spark, on_cycle=trackers)  # settings passed whole
         with StopSignals() as signals:
             trainer.stop_requested = signals.event  # SIGTERM / Ctrl-C: stop after this cycle, write everything
-            fit = trainer.fit(df)
+            fit = trainer.fit(df, holdout)
         if trackers is not None:
             trackers.take_input_example(df, cfg.data)  # a few rows: the MLflow model's input example and signature
         return _write_outputs(cfg, fit, signals.exit_code, trackers, t0)  # while Spark is up (cluster storage)
@@ -217,11 +226,12 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
 
         history = pd.concat([previous[previous["cycle"] <= fit.first_cycle], history], ignore_index=True)
     write_history_csv(history, hist_path)
-    plot = plot_history(history, os.path.join(local, "history.png"), title=f"{cfg.run.name}: holdout error",
-                        target=cfg.stop.target_error, agents_up_s=fit.agents_up_s)
+    metric = cfg.eval.metric
+    plot = plot_history(history, os.path.join(local, "history.png"), title=f"{cfg.run.name}: holdout {metric}",
+                        target=cfg.stop.target, agents_up_s=fit.agents_up_s, metric=metric)
     fit.timeline.write_csv(os.path.join(local, "timeline.csv"))  # every cycle, streamed from the spill file
-    target = cfg.stop.target_error
-    reached = target is not None and fit.final.error <= target
+    target = cfg.stop.target
+    reached = target is not None and getattr(fit.final, metric) <= target
     code = EXIT_TARGET_NOT_REACHED if target is not None and not reached else EXIT_OK
     status = "target_reached" if reached else ("limit_reached" if target is not None else "done")
     if signal_code is not None:  # stopped by SIGTERM / Ctrl-C: everything written, then 143 / 130
@@ -235,7 +245,8 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
     summary = {
         "status": status,
         "exit_code": code, "stop_reason": fit.stop_reason, "final_holdout_error": fit.final.error,
-        "final_holdout_loss": fit.final.loss, "target_error": target, "wall_s": fit.wall_s,
+        "final_holdout_loss": fit.final.loss, "metric": metric, "target_error": cfg.stop.target_error,
+        "target_loss": cfg.stop.target_loss, "wall_s": fit.wall_s,
         "job_wall_s": time.time() - t0, "cycles": fit.cycles, "agents_up_s": fit.agents_up_s,
         "prepare_s": fit.prepare_s, "first_exchange_s": fit.first_exchange_s,  # start-up, before / after the clock's 0
         "first_cycle": fit.first_cycle,
@@ -254,7 +265,9 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
     if trackers is not None:
         trackers.log_outputs({k: os.path.join(local, v) for k, v in names.items() if v})
     print(summary_table([
-        ("final holdout error", f"{100 * fit.final.error:.2f}%"), ("stop reason", fit.stop_reason),
+        ("final holdout error", f"{100 * fit.final.error:.2f}%") if metric == "error" else
+        ("final holdout loss", f"{fit.final.loss:.4f} nats ({fit.final.loss / LN2:.4f} bits)"),
+        ("stop reason", fit.stop_reason),
         ("cycles", fit.cycles), ("wall time", f"{fit.wall_s:.1f}s"), ("model", summary["paths"]["model"]),
         ("history", summary["paths"]["history"]), ("plot", summary["paths"]["plot"]),
         ("summary", summary["paths"]["summary"]),

@@ -1,4 +1,5 @@
-"""Reference models: the small CNN of the default demo and the CIFAR ResNets of the paper (§6.2)."""
+"""Reference models: the small CNN of the default demo, the CIFAR ResNets of the paper (§6.2; ResNet-20 is
+``resnet`` with ``n: 3``) and a byte-level transformer language model."""
 from __future__ import annotations
 
 import torch
@@ -82,7 +83,45 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-MODELS = {"small_cnn": SmallCNN, "resnet": CifarResNet, "mlp": MLP}
+class ByteTransformer(nn.Module):
+    """A small decoder-only transformer language model over byte tokens (:mod:`mpca.data.text`).
+
+    Pre-LayerNorm blocks of causal self-attention and a GELU MLP (``torch.nn.TransformerEncoderLayer`` with a
+    causal mask), learned position embeddings, a final LayerNorm and an untied output layer.  The input is
+    (rows, T) token ids — integers, or floats holding integers as the data pipeline delivers them — with
+    T ≤ ``context``; the output is (rows, T, ``vocab_size``) logits of each position's next token
+    (:func:`cross_entropy` takes them with (rows, T) labels).  The defaults (width 128, 5 blocks) hold
+    1.07 M parameters, the size the benchmark's regimes were calibrated with (``conf/teacher_mlp.yaml``)."""
+
+    def __init__(self, vocab_size: int = 256, context: int = 128, width: int = 128, layers: int = 5,
+                 heads: int = 4, dropout: float = 0.0):
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"width {width} must be a multiple of heads {heads}")
+        self.vocab_size, self.context = vocab_size, context
+        self.embed = nn.Embedding(vocab_size, width)
+        self.position = nn.Embedding(context, width)
+        block = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout, activation="gelu", batch_first=True,
+                                           norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab_size)
+
+    def forward(self, x):
+        tokens = x.long() if x.is_floating_point() else x
+        if tokens.dim() != 2 or tokens.shape[1] > self.context:
+            raise ValueError(f"the model takes (rows, T <= {self.context}) token ids, got shape {tuple(x.shape)}")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.vocab_size:
+            raise ValueError(f"token ids must lie in 0..{self.vocab_size - 1} (the model's vocab_size), got "
+                             f"{lo}..{hi}")
+        t = tokens.shape[1]
+        h = self.embed(tokens) + self.position(torch.arange(t, device=tokens.device))
+        mask = nn.Transformer.generate_square_subsequent_mask(t, device=tokens.device)
+        return self.head(self.norm(self.blocks(h, mask=mask, is_causal=True)))
+
+
+MODELS = {"small_cnn": SmallCNN, "resnet": CifarResNet, "mlp": MLP, "transformer": ByteTransformer}
 
 
 def build_model(name: str, args: dict) -> nn.Module:
@@ -119,6 +158,10 @@ def build_optimizer(name: str, lr: float, momentum: float, weight_decay: float, 
 
 
 def cross_entropy(out, y):
+    """Mean cross-entropy in nats: of one class label per row (``out`` (n, C), ``y`` (n,)), or of one label per
+    position of a sequence (``out`` (n, T, C), ``y`` (n, T): a language model's next tokens)."""
+    if out.dim() == 3 and y.dim() == 2:
+        return torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())
     return torch.nn.functional.cross_entropy(out, y)
 
 

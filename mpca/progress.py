@@ -28,10 +28,11 @@ def in_notebook() -> bool:
 class Progress:
     """``mode``: ``bar`` (updating line), ``log`` (a line every ``log_every_s``), ``notebook`` (an updating
     output line in the cell), ``off``, or ``auto`` (``notebook`` in a notebook kernel, ``bar`` on a
-    terminal, ``log`` otherwise — spark-submit logs, CI)."""
+    terminal, ``log`` otherwise — spark-submit logs, CI).  ``metric``: what the line follows (``eval.metric``):
+    the holdout ``error`` in percent, or its ``loss`` in nats with bits beside it; ``target``: that metric's."""
 
-    def __init__(self, mode: str = "auto", target_error: Optional[float] = None, log_every_s: float = 10.0,
-                 stream=None):
+    def __init__(self, mode: str = "auto", target: Optional[float] = None, log_every_s: float = 10.0,
+                 stream=None, metric: str = "error"):
         self.stream = stream or sys.stderr
         if mode == "auto":
             mode = "notebook" if in_notebook() else "bar" if getattr(self.stream, "isatty", lambda: False)() else "log"
@@ -39,7 +40,8 @@ class Progress:
             raise ValueError(f"progress mode must be auto, bar, log, notebook or off, got {mode!r}")
         self._handle = None  # the notebook's output line
         self.mode = mode
-        self.target = target_error
+        self.target = target
+        self.metric = metric
         self.log_every_s = log_every_s
         self._last_log = 0.0
         # (wall, error) of the last 4 evaluations for the time-to-target estimate (bounded: runs last days)
@@ -60,12 +62,20 @@ class Progress:
         rate = (e1 - e2) / (t2 - t1) if t2 > t1 else 0.0
         return (e2 - self.target) / rate if rate > 0 else None
 
+    def _value(self, v: float) -> str:
+        if self.metric == "loss":
+            return f"{v:.3f} nats ({v / math.log(2.0):.3f} bits)" if math.isfinite(v) else "-"
+        return f"{100 * v:.2f}%" if math.isfinite(v) else "-"
+
     def line(self) -> str:
-        err = f"{100 * self.error:.2f}%" if math.isfinite(self.error) else "-"
         sps = f"{self.samples_per_s:,.0f}" if math.isfinite(self.samples_per_s) else "-"
-        tgt = f" | to {100 * self.target:.1f}%: {_fmt_eta(self.eta_to_target())}" if self.target is not None else ""
+        tgt = ""
+        if self.target is not None:
+            target = f"{100 * self.target:.1f}%" if self.metric == "error" else f"{self.target:.3f}"
+            tgt = f" | to {target}: {_fmt_eta(self.eta_to_target())}"
         agents = f" | agents {self.agents[0]}/{self.agents[1]}" if self.agents else ""
-        return f"cycle {self.cycle}{agents} | {sps} samples/s | holdout error {err}{tgt} | {time.time() - self.t0:.0f}s"
+        return (f"cycle {self.cycle}{agents} | {sps} samples/s | holdout {self.metric} {self._value(self.error)}"
+                f"{tgt} | {time.time() - self.t0:.0f}s")
 
     def update(self, cycle: int, error: Optional[float] = None, samples_per_s: Optional[float] = None,
                agents: Optional[Tuple[int, int]] = None) -> None:

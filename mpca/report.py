@@ -29,8 +29,8 @@ def write_json(path: str, value) -> str:
 
 
 def write_history_csv(history, path: str) -> str:
-    cols = [c for c in ("wall_s", "cycle", "holdout_error", "holdout_loss", "samples_per_s", "epochs", "agents", "resets")
-            if c in history]
+    cols = [c for c in ("wall_s", "cycle", "holdout_error", "holdout_loss", "holdout_bits", "samples_per_s", "epochs",
+                        "agents", "resets") if c in history]
     out = history[cols].copy()
     extra = [c for c in ("weight", "agent_samples_per_s") if c in history]
     for c in extra:
@@ -49,17 +49,18 @@ def _per_agent(d) -> str:
 
 
 def plot_history(history, path: str, title: str = "MPCA SGD", target: Optional[float] = None,
-                 agents_up_s: Optional[float] = None) -> Optional[str]:
-    """Holdout error against wall time (like the paper's Fig. 13a), the agents' start-up shaded."""
-    return plot_curves({"holdout error": history}, path, title, [target] if target is not None else [],
-                       agents_up_s)
+                 agents_up_s: Optional[float] = None, metric: str = "error") -> Optional[str]:
+    """Holdout error (or loss: ``metric``) against wall time (like the paper's Fig. 13a), the agents' start-up
+    shaded."""
+    return plot_curves({f"holdout {metric}": history}, path, title, [target] if target is not None else [],
+                       agents_up_s, metric)
 
 
 def plot_curves(histories: Dict[str, object], path: str, title: str, targets: Sequence[float] = (),
-                agents_up_s: Optional[float] = None) -> Optional[str]:
-    """Holdout error against wall time, one curve per labelled history (e.g. one per algorithm), with the
-    span before ``agents_up_s`` (the agents starting: the initial model is all there is) shaded; None (and
-    a log line) without matplotlib, the ``plot`` extra."""
+                agents_up_s: Optional[float] = None, metric: str = "error") -> Optional[str]:
+    """Holdout error in % (or loss in nats: ``metric``) against wall time, one curve per labelled history (e.g.
+    one per algorithm), with the span before ``agents_up_s`` (the agents starting: the initial model is all
+    there is) shaded; None (and a log line) without matplotlib, the ``plot`` extra."""
     try:
         import matplotlib
     except ImportError:
@@ -71,15 +72,16 @@ def plot_curves(histories: Dict[str, object], path: str, title: str, targets: Se
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
+    column, scale = f"holdout_{metric}", 100.0 if metric == "error" else 1.0
     for label, history in histories.items():
-        h = history.dropna(subset=["holdout_error"])
-        ax.plot(h["wall_s"], 100 * h["holdout_error"], marker="o", ms=3, label=label)
+        h = history.dropna(subset=[column])
+        ax.plot(h["wall_s"], scale * h[column], marker="o", ms=3, label=label)
     if agents_up_s is not None and agents_up_s > 0:
         ax.axvspan(0, agents_up_s, color="grey", alpha=0.12, lw=0, label="agents starting")
     for i, t in enumerate(targets):
-        ax.axhline(100 * t, color="grey", ls="--", lw=1, label="target" if i == 0 else None)
+        ax.axhline(scale * t, color="grey", ls="--", lw=1, label="target" if i == 0 else None)
     ax.set_xlabel("wall time (s)")
-    ax.set_ylabel("holdout error (%)")
+    ax.set_ylabel("holdout error (%)" if metric == "error" else "holdout loss (nats)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

@@ -1,6 +1,7 @@
 """When a run stops: the stop rules of the ``stop:`` settings, checked once per cycle, and stop signals."""
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import TYPE_CHECKING, Optional, Sequence
@@ -22,20 +23,36 @@ def silent_agent_wait_s(configured: Optional[float], recent_cycles_s: Sequence[f
     return min(SILENT_WAIT_MAX_S, max(SILENT_WAIT_MIN_S, SILENT_WAIT_CYCLES * statistics.median(recent_cycles_s)))
 
 
+LN2 = math.log(2.0)
+
+
+def metric_column(metric: str) -> str:
+    """The history's column of ``eval.metric`` (``error`` or ``loss``): ``holdout_error``, ``holdout_loss``."""
+    return f"holdout_{metric}"
+
+
 class StopRules:
-    """``reason(...)`` returns why the run should stop now (``target_error``, ``interrupted``, ``max_cycles``,
-    ``max_seconds``, ``max_epochs``) or None to go on."""
+    """``reason(...)`` returns why the run should stop now (``target_error`` or ``target_loss``, ``interrupted``,
+    ``max_cycles``, ``max_seconds``, ``max_epochs``) or None to go on; the target is that of ``metric``
+    (``eval.metric``)."""
 
-    def __init__(self, stop: StopSection, t0: float, requested=None):
+    def __init__(self, stop: StopSection, t0: float, requested=None, metric: str = "error"):
         self.stop, self.t0, self.requested = stop, t0, requested  # requested: an Event (a signal, request_stop)
+        self.metric = metric
 
-    def target_met(self, error: float) -> bool:
-        return self.stop.target_error is not None and error <= self.stop.target_error
+    @property
+    def target_reason(self) -> str:
+        return f"target_{self.metric}"
+
+    def target_met(self, value: float) -> bool:
+        """Whether ``value`` of the run's metric (a history row's :func:`metric_column`) meets the target."""
+        target = self.stop.target
+        return target is not None and math.isfinite(value) and value <= target
 
     def reason(self, cycles_done: int, epochs: float, target_met: bool) -> Optional[str]:
         s = self.stop
         if target_met:
-            return "target_error"
+            return self.target_reason
         if self.requested is not None and self.requested.is_set():
             return "interrupted"
         if s.max_cycles is not None and cycles_done >= s.max_cycles:

@@ -34,7 +34,7 @@ from mpca.errors import UserError, error_line
 
 log = logging.getLogger("mpca.tracking")
 
-METRICS = ("holdout_error", "holdout_loss", "samples_per_s", "epochs", "resets")
+METRICS = ("holdout_error", "holdout_loss", "holdout_bits", "samples_per_s", "epochs", "resets")  # bits: metric loss
 # MLflow's own settings that turn MLflow tracking on without a tracking.mlflow section (MLFLOW_RUN_ID: `mlflow run`)
 MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID")
 MODEL_NAME = "model"  # the MLflow model's name in the run: runs:/<run_id>/model
@@ -48,6 +48,28 @@ def _metrics(row: Dict[str, Any]) -> Dict[str, float]:
         if isinstance(v, (int, float)) and math.isfinite(float(v)):
             out[k] = float(v)
     return out
+
+
+def check_store(mlflow, what: str) -> None:
+    """A local file store that this MLflow refuses (MLflow 3.x keeps its filesystem backend in maintenance mode
+    and raises when it is opened, unless ``MLFLOW_ALLOW_FILE_STORE=true``) as one line naming the fixes, before
+    Spark starts; other stores (a database, a server, Databricks) are opened by MLflow when the run starts."""
+    from urllib.parse import urlparse
+
+    uri = mlflow.get_tracking_uri()
+    scheme = urlparse(uri).scheme
+    if scheme not in ("", "file") and not (len(scheme) == 1 and os.name == "nt"):  # a path, or file:
+        return
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.tracking.MlflowClient(uri).search_experiments(max_results=1)
+    except MlflowException as e:
+        if "filesystem" not in str(e).lower() and "file store" not in str(e).lower():
+            raise UserError(f"{what} {uri!r} cannot be used: {error_line(e, 200)}") from None
+        raise UserError(f"{what} {uri!r} is a file store, which MLflow {mlflow.__version__} refuses: use a "
+                        "database (tracking_uri: sqlite:///mlflow.db), a tracking server (http://host:5000), or "
+                        "MLflow's opt-out MLFLOW_ALLOW_FILE_STORE=true") from None
 
 
 def flat_params(settings) -> Dict[str, str]:
@@ -88,6 +110,7 @@ class MLflowTracker:
         else:
             if tracking_uri:
                 mlflow.set_tracking_uri(tracking_uri)
+            check_store(mlflow, "tracking.mlflow.tracking_uri" if tracking_uri else "MLflow's tracking URI")
             if experiment:
                 mlflow.set_experiment(experiment)
         self.run_name, self.register_as = run_name, register_as

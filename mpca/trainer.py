@@ -23,9 +23,10 @@ from mpca.errors import RunFailedError, UserError
 from mpca.evaluation import BackgroundEvaluator, EvalResult, SampleRate, evaluate
 from mpca.runtime.reports import RunCounters
 from mpca.runtime.timeline import Timeline
+from mpca.stopping import LN2, StopRules, metric_column
 
 log = logging.getLogger("mpca.trainer")
-CALIBRATION_ROWS = 2048  # training rows the driver keeps for BatchNorm statistics under buffers="local"
+CALIBRATION_ROWS = 2048  # training rows the driver keeps for BatchNorm statistics (buffers local, recalibrate)
 
 
 @dataclass
@@ -91,14 +92,29 @@ class Trainer:
                             "or pass spark=...")
         return s
 
-    def _split(self, df):
+    def _split(self, df, holdout=None):
         """(training rows, holdout features, holdout labels): :meth:`_frames` and :meth:`_holdout` at once."""
-        _, train, hold = self._frames(df)
+        _, train, hold = self._frames(df, holdout)
         return (train, *self._holdout(hold))
 
-    def _frames(self, df):
+    def _frames(self, df, holdout=None):
         """(every row, train, holdout) DataFrames of ``df``'s features and label (ML vectors as arrays): the
-        split by each row's hash, no job."""
+        split by each row's hash, no job; or ``df`` whole and the ``holdout`` given."""
+        d = self.settings.data
+        df = self._columns(df)
+        if holdout is not None:  # the user's own split (e.g. by file: mpca.data.text)
+            holdout = self._columns(holdout)
+            return df.select(d.features, d.label), df.select(d.features, d.label), holdout
+        from mpca.data.split import hash_split
+
+        if d.holdout > 0:  # by the rows' content: no per-partition sort as randomSplit needs (mpca.data.split)
+            train, hold = hash_split(df, d.features, d.label, d.holdout, self.settings.seed)
+        else:
+            train, hold = df, df.limit(0)
+        return df.select(d.features, d.label), train.select(d.features, d.label), hold
+
+    def _columns(self, df):
+        """``df`` checked for the features and label columns, ML vectors turned into arrays."""
         from mpca.data.checks import check_columns
 
         d = self.settings.data
@@ -109,13 +125,7 @@ class Trainer:
             from pyspark.ml.functions import vector_to_array
 
             df = df.withColumn(d.features, vector_to_array(d.features, "float32"))
-        from mpca.data.split import hash_split
-
-        if d.holdout > 0:  # by the rows' content: no per-partition sort as randomSplit needs (mpca.data.split)
-            train, hold = hash_split(df, d.features, d.label, d.holdout, self.settings.seed)
-        else:
-            train, hold = df, df.limit(0)
-        return df.select(d.features, d.label), train.select(d.features, d.label), hold
+        return df
 
     def _holdout(self, hold):
         """The holdout rows the driver scores on, as tensors (a Spark job: a scan of the data)."""
@@ -128,11 +138,12 @@ class Trainer:
         return tensors(table, d.features, d.label, d.input_shape)
 
     def _calibration(self, model, train_df) -> Optional[torch.Tensor]:
-        """Training inputs for BatchNorm statistics when the agents keep theirs (``buffers="local"``): the first
+        """Training inputs for BatchNorm statistics when the agents keep theirs (``buffers="local"``) or the joint
+        model's are re-estimated before scoring (``buffers="recalibrate"``): the first
         rows, read as ``DataFrame.take`` reads them (:func:`mpca.compat.take_arrow`), not every partition's."""
         from mpca.evaluation import has_batchnorm
 
-        if self.settings.algorithm.buffers != "local" or not has_batchnorm(model):
+        if self.settings.algorithm.buffers == "average" or not has_batchnorm(model):
             return None
         from mpca.compat import take_arrow
         from mpca.data.checks import tensors
@@ -182,11 +193,13 @@ class Trainer:
                           pending=pending, wire=run.wire_state(), model_state=state, layout=specs, shards=run.layout.num_shards, wall_s=wall)
 
     # ------------------------------------------------------------------ fit
-    def fit(self, df) -> FitResult:
+    def fit(self, df, holdout=None) -> FitResult:
+        """Train on ``df`` (``data.features``, ``data.label``) until a ``stop`` rule holds.  The holdout the
+        joint model is scored on is ``holdout`` where given (a DataFrame of the same columns: a split of the
+        user's, e.g. by file or by time), else ``data.holdout`` of ``df``'s rows by their hash."""
         from mpca.checkpoint import BackgroundSaver
         from mpca.progress import Progress
         from mpca.runtime.run import AgentRun
-        from mpca.stopping import StopRules
 
         from mpca.data.checks import NO_ROWS, check_dataframe, check_schema, labels_problem
         from mpca.data.holdout import with_row_hash
@@ -202,12 +215,12 @@ class Trainer:
         specs = [(t.name, t.numel, str(t.dtype)) for t in layout.specs]
         ck = self._restore(model, specs)
         first_cycle, prior_wall = (ck.cycle, ck.wall_s) if ck else (0, 0.0)
-        rows_df, train_df, hold_df = self._frames(df)
+        rows_df, train_df, hold_df = self._frames(df, holdout)
         d = st.data
         # The agents set the holdout aside as their rows arrive (mpca.data.holdout: the driver's own read of it
         # was a second scan of every row), except in an elastic run, whose agents may come later, or without an
         # input shape (the rows' width comes from the data): the driver reads it first, as before.
-        on_agents = not st.training.elastic and d.holdout > 0 and bool(d.input_shape)
+        on_agents = holdout is None and not st.training.elastic and d.holdout > 0 and bool(d.input_shape)
         if train_df.rdd.getNumPartitions() == 0:  # limit(0), an empty local relation: known without a job
             raise UserError(NO_ROWS)
         fns = (self.model_fn, self.loss_fn, self.optimizer_fn)
@@ -234,8 +247,9 @@ class Trainer:
         initial = run.joint_vectors()  # the curve's first point: the model before any agent steps
         t0 = time.time() - prior_wall
         out = _Outcome(history=[], first_cycle=first_cycle, t0=t0, cycles=first_cycle, prepare_s=time.time() - called)
-        stop = StopRules(st.stop, t0, self.stop_requested)
-        progress = Progress(st.progress, st.stop.target_error)
+        metric = st.eval.metric
+        stop = StopRules(st.stop, t0, self.stop_requested, metric)
+        progress = Progress(st.progress, st.stop.target, metric=metric)
         # scores queue from the start and wait for the holdout where the agents set it aside (mpca.evaluation)
         evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, self.loss_fn, ready["calibration"])
         if first_cycle == 0:  # the starting point of the curve: the initial model, before any agent stepped
@@ -297,11 +311,12 @@ class Trainer:
                     met = False
                     for row in evaluator.drain():
                         snapshot = row.pop("_snapshot")
+                        self._with_bits(row)
                         out.history.append(row)
-                        progress.update(out.cycles, row["holdout_error"], row["samples_per_s"])
+                        progress.update(out.cycles, row[metric_column(metric)], row["samples_per_s"])
                         if self.on_cycle:
                             self.on_cycle(row)
-                        if not met and stop.target_met(row["holdout_error"]):
+                        if not met and stop.target_met(row[metric_column(metric)]):
                             met, out.winner = True, snapshot  # the joint model that met the target
                     out.stop_reason = stop.reason(out.cycles, epochs, met)
                     # optional throttle: fewer cycles leave more CPU to the agents where cores are shared
@@ -314,6 +329,7 @@ class Trainer:
                 evaluator.close()  # the scores still queued (those taken before the holdout came, where it came late)
                 for row in evaluator.drain():
                     row.pop("_snapshot")
+                    self._with_bits(row)
                     out.history.append(row)
                     if self.on_cycle:
                         self.on_cycle(row)
@@ -329,6 +345,12 @@ class Trainer:
         if hasattr(self.on_cycle, "finish"):
             self.on_cycle.finish(result)
         return result
+
+    def _with_bits(self, row: dict) -> dict:
+        """``holdout_bits`` beside the loss in nats where the metric is the loss (bits per token of an LM)."""
+        if self.settings.eval.metric == "loss":
+            row["holdout_bits"] = row["holdout_loss"] / LN2
+        return row
 
     def _eval_due(self, cycles_in_run: int, last_eval: float) -> bool:
         """Every ``eval.every_cycles``-th cycle, and before that after cycles 1, 2, 4, 8 … (the early descent
@@ -355,13 +377,14 @@ class Trainer:
             saver.write(self._snapshot(run, model, out.cycles, specs, time.time() - out.t0))
         final = evaluate(model, hx, hy, self.loss_fn)
         wall = time.time() - out.t0
-        target = self.settings.stop.target_error
-        stop_reason = "target_error" if target is not None and final.error <= target else out.stop_reason
+        rules = StopRules(self.settings.stop, out.t0, metric=self.settings.eval.metric)
+        stop_reason = rules.target_reason if rules.target_met(getattr(final, rules.metric)) else out.stop_reason
         history = out.history
         last = history[-1] if history else {}
-        history.append({"wall_s": wall, "cycle": out.cycles, "holdout_error": final.error, "holdout_loss": final.loss,
-                        "samples_per_s": last.get("samples_per_s", float("nan")),
-                        "epochs": last.get("epochs", float("nan")), "weight": {}, "agent_samples_per_s": {}})
+        history.append(self._with_bits({
+            "wall_s": wall, "cycle": out.cycles, "holdout_error": final.error, "holdout_loss": final.loss,
+            "samples_per_s": last.get("samples_per_s", float("nan")), "epochs": last.get("epochs", float("nan")),
+            "weight": {}, "agent_samples_per_s": {}}))
         return FitResult(model=model.cpu(), history=pd.DataFrame(history), timeline=run.timeline,
                          agents=run.summaries, cycles=out.cycles, wall_s=wall, stop_reason=stop_reason, final=final,
                          run_id=run.run_id, algorithm=self.settings.algorithm.name, layout=run.layout.describe(),

@@ -234,3 +234,30 @@ def only_partition_zero(batches):
     if TaskContext.get().partitionId() != 0:
         raise RuntimeError("partition read beyond the first")
     yield from batches
+
+
+TINY_LM = {"vocab_size": 256, "context": 32, "width": 32, "layers": 2, "heads": 2}
+
+
+def tiny_lm():
+    """A byte transformer small enough for a test's few hundred steps (mpca.models.ByteTransformer)."""
+    from mpca.models import ByteTransformer
+
+    return ByteTransformer(**TINY_LM)
+
+
+def tiny_resnet():
+    """A residual CNN with BatchNorm (ResNet-8: n = 1) for 8×8 single-channel digits."""
+    from mpca.models import CifarResNet
+
+    return CifarResNet(n=1, num_classes=10, in_channels=1)
+
+
+def adamw_3e3(params):
+    return torch.optim.AdamW(params, lr=3e-3)
+
+
+def sequence_cross_entropy(out, y):
+    from mpca.models import cross_entropy as ce
+
+    return ce(out, y)

@@ -298,7 +298,10 @@ class Algorithm(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
     name: str
-    buffers: Literal["average", "local"] = Field("average", description="BatchNorm running stats: exchanged or kept")
+    buffers: Literal["average", "local", "recalibrate"] = Field(
+        "average", description="BatchNorm running statistics: exchanged and averaged with the weights (average), "
+        "kept by each agent (local: the driver re-estimates them on training rows before it scores or saves), "
+        "or averaged and re-estimated before scoring (recalibrate)")
     min_cycle_interval_s: Optional[float] = Field(None, ge=0.0, description="at least this many seconds between "
                                                   "the driver's cycles (None: the algorithm's default: 0, as fast "
                                                   "as possible, where cycles exchange; 1 where they only observe)")

@@ -10,10 +10,12 @@ model).
 Which tensors are exchanged:
 
 * every parameter (shared parameters once), in ``named_parameters`` order;
-* floating-point buffers (e.g. BatchNorm ``running_mean``/``running_var``) when
-  ``buffers="average"`` (the default): they are τ-weighted-averaged and pulled
+* floating-point buffers (e.g. BatchNorm ``running_mean``/``running_var``) unless
+  ``buffers="local"`` (default ``average``): they are τ-weighted-averaged and pulled
   like parameters, so the joint model carries statistics consistent with its
-  weights; with ``buffers="local"`` they stay agent-local.
+  weights; with ``buffers="local"`` they stay agent-local; ``buffers="recalibrate"``
+  exchanges them as ``average`` does, and the driver re-estimates them on training
+  rows before it scores or saves the joint model (as it must under ``local``).
 * integer buffers (``num_batches_tracked``) are never exchanged: a counter has
   no meaningful average.  The joint model keeps its own.
 
@@ -29,7 +31,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-BUFFER_MODES = ("average", "local")
+BUFFER_MODES = ("average", "local", "recalibrate")  # recalibrate: averaged, then re-estimated to score
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def exchanged_tensors(module: torch.nn.Module, buffers: str = "average") -> List
         if id(p) not in seen:
             seen.add(id(p))
             out.append((name, p))
-    if buffers == "average":
+    if buffers != "local":  # average, recalibrate: exchanged and averaged with the weights
         for name, b in module.named_buffers():
             if b is not None and b.is_floating_point() and id(b) not in seen:
                 seen.add(id(b))

@@ -54,6 +54,10 @@ ABLATIONS = {
 FIGURES = {"mean_staleness": "median", "mean_d": "median", "dropped": "sum", "updates": "sum",
            "block_updates": "sum", "commits": "sum"}  # DriverRule.metrics() columns of the history, and how to sum up
 DEFAULT_CONFIG = "conf/teacher_mlp.yaml"  # 1.13 M parameters, 1 M generated rows: optimisation, not memorisation
+# --task: the workloads' job configs and the targets that suit them (holdout errors; the LM's in nats per byte)
+TASKS = {"teacher": ("conf/teacher_mlp.yaml", "0.3,0.26,0.24"),
+         "lm": ("conf/lm.yaml", "2.6,2.4,2.2"),
+         "resnet20": ("conf/resnet20.yaml", "0.1,0.06,0.04")}
 
 
 def emulated_hosts(cfg) -> Dict[str, int]:
@@ -64,11 +68,18 @@ def emulated_hosts(cfg) -> Dict[str, int]:
     return {} if shape is None else {"cores": shape.cores, "memory_mb": shape.memory_mb}
 
 
-def time_to(history, target: float) -> float:
-    """Wall seconds until the holdout error first reached ``target`` (nan if it never did)."""
-    h = history.dropna(subset=["holdout_error"])
-    hit = h[h["holdout_error"] <= target]
+def time_to(history, target: float, metric: str = "error") -> float:
+    """Wall seconds until the holdout error (or loss: ``metric``, ``eval.metric``) first reached ``target`` (nan
+    if it never did)."""
+    column = f"holdout_{metric}"
+    h = history.dropna(subset=[column])
+    hit = h[h[column] <= target]
     return float(hit["wall_s"].iloc[0]) if len(hit) else math.nan
+
+
+def target_name(target: float, metric: str = "error") -> str:
+    """How a table names a target: ``30%`` of error, ``2.5`` nats of loss."""
+    return f"{100 * target:g}%" if metric == "error" else f"{target:g}"
 
 
 def _top_level_items(spec: str) -> List[str]:
@@ -248,8 +259,9 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
     from mpca.models import training_functions
     from mpca.trainer import Trainer
 
-    overrides = {"algorithm": algorithm, "stop": {"max_seconds": max_seconds, "target_error": min(targets)},
-                 "eval": {"every_cycles": None, "every_seconds": max(0.5, max_seconds / 60)},
+    metric = cfg.eval.metric
+    overrides = {"algorithm": algorithm, "stop": {"max_seconds": max_seconds, f"target_{metric}": min(targets)},
+                 "eval": {"every_cycles": None, "every_seconds": max(0.5, max_seconds / 60), "metric": metric},
                  "checkpoint": {"dir": os.path.join(out, _dirname(label), "checkpoints"),
                                 "every_cycles": 10 ** 9, "init_from": cfg.checkpoint.init_from}}
     if algorithm["name"] == "single":
@@ -264,14 +276,15 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
     print(f"--- {label}: {settings.training.agents} agent(s), up to {max_seconds:.0f}s"
           + (f", agent {straggler[0]} at {straggler[1]:g}x speed" if slow else ""), flush=True)
     profile = CpuProfile.for_spark(spark).start()
-    fit = Trainer(model_fn, loss_fn, optimizer_fn, settings, spark=spark).fit(data)
+    fit = Trainer(model_fn, loss_fn, optimizer_fn, settings, spark=spark).fit(*data)
     cpu = profile.stop(int(a["pid"]) for a in fit.agents if a.get("pid"))
     os.makedirs(os.path.join(out, _dirname(label)), exist_ok=True)
     fit.history.to_csv(os.path.join(out, _dirname(label), "history.csv"), index=False)
     fit.timeline.write_csv(os.path.join(out, _dirname(label), "timeline.csv"))  # every cycle's phases and bytes
     moved = _traffic(fit)
     run = {"label": label, "algorithm": algorithm, "agents": settings.training.agents, "history": fit.history,
-           "time_to": {t: time_to(fit.history, t) for t in targets}, "final_error": fit.final.error,
+           "time_to": {t: time_to(fit.history, t, metric) for t in targets}, "final_error": fit.final.error,
+           "final_loss": fit.final.loss,
            "wall_s": fit.wall_s, "cycles": fit.cycles, "bytes": moved, "duty_cycle": _duty(fit),
            "bytes_per_cycle": moved / fit.cycles if fit.cycles else math.nan,
            "comm_comp": _comm_comp(fit) if algorithm["name"] == "mpca" else None, "figures": figures(fit.history),
@@ -318,7 +331,7 @@ def _warm_up(spark, cfg, data, out: str) -> None:
                              stop={"max_cycles": 3}, eval={"every_cycles": 100},
                              checkpoint={"dir": os.path.join(out, "warm-up"), "every_cycles": 10 ** 9}, progress="off")
     for _ in range(WARM_UP_FITS):
-        Trainer(*training_functions(cfg.model, cfg.optimizer), settings, spark=spark).fit(data)
+        Trainer(*training_functions(cfg.model, cfg.optimizer), settings, spark=spark).fit(*data)
 
 
 def tune(spark, cfg, data, label: str, targets: List[float], max_seconds: float, out: str, straggler,
@@ -336,8 +349,9 @@ def tune(spark, cfg, data, label: str, targets: List[float], max_seconds: float,
     def attempt(setting, algo):
         r = run_one(spark, cfg, data, f"{label}[{setting}]", algo, targets, max_seconds, out, straggler, wire)
         tried.append({"setting": setting, "algorithm": algo, "time_to": r["time_to"],
-                      "final_error": r["final_error"], "holds": r["emulation"]["holds"] is not False})
-        return best([(p["time_to"], p["final_error"], p["holds"]) for p in tried])
+                      "final_error": r["final_error"], "final_loss": r["final_loss"],
+                      "holds": r["emulation"]["holds"] is not False})
+        return best([(p["time_to"], p[f"final_{cfg.eval.metric}"], p["holds"]) for p in tried])
 
     for setting, algo in points:
         i = attempt(setting, algo)
@@ -356,9 +370,9 @@ def tune(spark, cfg, data, label: str, targets: List[float], max_seconds: float,
     return tried[i]["algorithm"], tried[i]["setting"], tried
 
 
-def table(results: Dict[str, dict], targets: List[float]) -> "object":
-    """One row per algorithm: median time to each target, and its ratio to ``single`` and to ``mpca``; with
-    emulated devices, whether the emulation held in every repeat."""
+def table(results: Dict[str, dict], targets: List[float], metric: str = "error") -> "object":
+    """One row per algorithm: median time to each target (of ``metric``: error or loss), and its ratio to
+    ``single`` and to ``mpca``; with emulated devices, whether the emulation held in every repeat."""
     import pandas as pd
 
     from mpca.bench.emulation import verdict
@@ -375,23 +389,26 @@ def table(results: Dict[str, dict], targets: List[float]) -> "object":
             row["setting"] = r.get("setting") or ""
         for t in targets:
             v = r["time_to"][t]
-            row[f"t({100 * t:g}%) s"] = v
+            name = target_name(t, metric)
+            row[f"t({name}) s"] = v
             if r.get("repeats", 1) > 1:
                 lo, hi = r["time_range"][t]
-                row[f"t({100 * t:g}%) min-max"] = "" if math.isnan(lo) else f"{lo:.3g}-{hi:.3g}"
+                row[f"t({name}) min-max"] = "" if math.isnan(lo) else f"{lo:.3g}-{hi:.3g}"
             for ref in ("single", "mpca"):
                 base = ref_of(ref).get("time_to", {}).get(t, math.nan)
-                row[f"t({100 * t:g}%)/{ref}"] = v / base if base and not math.isnan(base) else math.nan
+                row[f"t({name})/{ref}"] = v / base if base and not math.isnan(base) else math.nan
         if "after_start_up_s" in r:
-            last = targets[-1]
-            row[f"t({100 * last:g}%) after start-up s"] = after = r["after_start_up_s"]
+            last = target_name(targets[-1], metric)
+            row[f"t({last}) after start-up s"] = after = r["after_start_up_s"]
             base = ref_of("mpca").get("after_start_up_s", math.nan)
-            row[f"t({100 * last:g}%) after start-up/mpca"] = \
+            row[f"t({last}) after start-up/mpca"] = \
                 after / base if base and not math.isnan(base) else math.nan
         if any(x.get("spread") for x in results.values()):
             row["repeats differ"] = "; ".join(r.get("spread") or [])  # > 2x, or a target missed by some
         if r.get("emulation") and verdict(r["emulation"]):
             row["emulated devices"] = verdict(r["emulation"])  # INVALID: not a result (agents behind T, CPU full)
+        if metric == "loss":
+            row["final loss"] = r.get("final_loss", math.nan)
         row.update({"final error %": 100 * r["final_error"], "MB moved": r["bytes"] / 1e6,
                     "MB per cycle": r["bytes_per_cycle"] / 1e6,
                     "duty cycle": r["duty_cycle"], "driver prep s": _nan(r.get("prepare_s")),
@@ -425,12 +442,13 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     for the regime's ratio once each (:func:`tune`), and its ``repeats`` runs use the best one, afresh.  The
     repeats run in rounds over the labels (:func:`interleaved`); compare.json keeps each run's order."""
     from mpca.bench.cpu_profile import describe
-    from mpca.data.sources import job_dataframe
+    from mpca.data.sources import job_dataframe, job_holdout
     from mpca.report import plot_curves, write_json
 
     os.makedirs(out, exist_ok=True)
     # one DataFrame for every run: the same rows, read (or built) once, a partition per agent where generated
-    data = job_dataframe(spark, cfg.data, cfg.training.agents)
+    data = (job_dataframe(spark, cfg.data, cfg.training.agents), job_holdout(spark, cfg.data))  # holdout: None
+    # where the trainer splits data.holdout of the rows by their hash (a job's own: pytext's files set aside)
     _warm_up(spark, cfg, data, out)
     chosen: Dict[str, tuple] = {}
     for label in labels:
@@ -456,6 +474,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                           "spread": flags,
                           "time_to": {t: _median([r["time_to"][t] for r in runs]) for t in targets},
                           "final_error": statistics.median(r["final_error"] for r in runs),
+                          "final_loss": statistics.median(r["final_loss"] for r in runs),
                           "bytes": statistics.median(r["bytes"] for r in runs),
                           "bytes_per_cycle": _median([r["bytes_per_cycle"] for r in runs]),
                           "duty_cycle": statistics.median(r["duty_cycle"] for r in runs), "repeats": len(runs),
@@ -474,18 +493,21 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
                                     "first_exchange_job_end_s": r.get("first_exchange_job_end_s"),
                                     "wall_s": r["wall_s"],
                                     "time_to": {str(t): r["time_to"][t] for t in targets}} for r in runs]}
-    tab = table(results, targets)
+    metric = cfg.eval.metric
+    tab = table(results, targets, metric)
     tab.to_csv(os.path.join(out, "compare.csv"), index=False)
     mpca = ratio_run(results)
     summary = {
         "network": network, "straggler": list(straggler) if straggler else None, "targets": targets,
+        "metric": metric,
         "max_seconds": max_seconds, "repeats": repeats, "agents": cfg.training.agents,
         "device_step_s": cfg.training.device_step_s,
         "regime": None if regime is None else {"name": regime.name, "link": regime.link, "ratio": regime.ratio,
                                                "device_step_s": regime.device_step_s, "paper": regime.paper},
         "model": cfg.model.name, "model_args": cfg.model.args, "data": cfg.data.dataset or cfg.data.path,
         "comm_comp_ratio": mpca.get("comm_comp"), "cycle_overlap": mpca.get("overlap"),
-        "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "wall_s", "cycles", "bytes",
+        "algorithms": {label: {k: r[k] for k in ("algorithm", "agents", "final_error", "final_loss", "wall_s",
+                                                  "cycles", "bytes",
                                                   "bytes_per_cycle",
                                                   "duty_cycle", "repeats", "figures", "samples_per_s", "cpu",
                                                   "emulation", "setting", "grid", "spread", "prepare_s", "startup",
@@ -497,7 +519,8 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     }
     write_json(os.path.join(out, "compare.json"), summary)
     plot_curves({label: r["history"] for label, r in results.items()}, os.path.join(out, "compare.png"),
-                f"time to accuracy: {cfg.model.name}, network {network.split(' (')[0]}", targets)
+                f"time to {'accuracy' if metric == 'error' else 'loss'}: {cfg.model.name}, network "
+                f"{network.split(' (')[0]}", targets, metric=metric)
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 40, "display.float_format", "{:.3g}".format):
@@ -552,11 +575,14 @@ def main(argv=None, *, nested: bool = False) -> int:
     """``nested``: one K of this process's ``--agents`` sweep (an emulated cluster runs as a child of it)."""
     ap = argparse.ArgumentParser(prog="mpca bench compare", description=__doc__.splitlines()[0])
     ap.add_argument("-c", "--config", action="append", default=[], help=f"job YAML (default {DEFAULT_CONFIG})")
+    ap.add_argument("--task", choices=sorted(TASKS), help="a workload: " + ", ".join(
+        f"{k} ({c})" for k, (c, _) in TASKS.items()) + "; its job config goes before any -c, and its targets "
+        "are the default")
     ap.add_argument("--algorithms", default="mpca,sync,easgd,diloco,streaming_diloco,delayed_diloco,ddp,single")
     ap.add_argument("--ablations", action="store_true",
                     help="add mpca:gamma0, mpca:uniform, mpca:S1, mpca:S2, mpca:elastic")
-    ap.add_argument("--targets", default="0.3,0.26,0.24", help="holdout errors, comma-separated (the defaults suit "
-                    "the default teacher task)")
+    ap.add_argument("--targets", default=None, help="holdout errors, or losses in nats with eval.metric: loss, "
+                    "comma-separated (default: the --task's, else the teacher task's 0.3,0.26,0.24)")
     ap.add_argument("--max-seconds", type=float, default=120.0, help="per algorithm and repeat")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--network", default="none", help="emulated link of every host: none, 1gbit, 100mbit, "
@@ -648,13 +674,16 @@ def main(argv=None, *, nested: bool = False) -> int:
         straggler = parse(args.straggler) if args.straggler else None
     except ValueError as e:
         raise UserError(str(e)) from None
+    task_config, task_targets = TASKS[args.task or "teacher"]
     try:
-        targets = sorted((float(t) for t in args.targets.split(",")), reverse=True)
+        targets = sorted((float(t) for t in (args.targets or task_targets).split(",")), reverse=True)
     except ValueError:
         raise UserError(f"--targets must be numbers like 0.3,0.2,0.1, got {args.targets!r}") from None
-    if not targets or not all(0 < t < 1 for t in targets) or args.repeats < 1 or args.max_seconds <= 0:
-        raise UserError("--targets must lie in (0, 1), --repeats >= 1 and --max-seconds > 0")
-    cfg = load_config(args.config or [DEFAULT_CONFIG], args.overrides)
+    cfg = load_config(([task_config] if args.task else []) + args.config or [DEFAULT_CONFIG], args.overrides)
+    loss = cfg.eval.metric == "loss"  # targets in nats (a language model's), not error shares
+    if not targets or not all(0 < t and (loss or t < 1) for t in targets) or args.repeats < 1 or args.max_seconds <= 0:
+        raise UserError(f"--targets must lie in {'(0, inf): losses in nats' if loss else '(0, 1)'}, --repeats >= 1 "
+                        "and --max-seconds > 0")
     if args.network != "none":
         from mpca.bench import emulated_cluster
 

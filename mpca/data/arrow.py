@@ -5,6 +5,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 
@@ -16,7 +17,7 @@ def _column_values(col: pa.Array) -> Tuple[np.ndarray, int]:
     """Flatten a (possibly nested) list column into its numeric values and the row width."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
-    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
+    if is_list(col.type):
         if col.null_count:
             raise UnreadableRows("feature column contains null rows")
         flat = col.flatten()
@@ -24,8 +25,10 @@ def _column_values(col: pa.Array) -> Tuple[np.ndarray, int]:
             flat = flat.flatten()
         values = flat.to_numpy(zero_copy_only=False)
         width = len(values) // len(col) if len(col) else 0
-        if width * len(col) != len(values):
-            raise UnreadableRows("feature arrays have different lengths across rows")
+        lengths = pc.list_value_length(col)
+        if width * len(col) != len(values) or (len(col) and pc.min_max(lengths)["min"] != pc.min_max(lengths)["max"]):
+            raise UnreadableRows("arrays have different lengths across rows (ragged): every row needs as many "
+                                 "values (pad or cut the sequences to one length)")
         return values, width
     if pa.types.is_floating(col.type) or pa.types.is_integer(col.type):
         return col.to_numpy(zero_copy_only=False), 1
@@ -52,7 +55,14 @@ def batch_arrays(b: pa.RecordBatch, features: str, label: str,
     if labels.null_count:
         raise UnreadableRows(f"label column {label!r} holds nulls ({labels.null_count} of {b.num_rows} rows in a batch); "
                              "drop or fill those rows")
+    if is_list(labels.type):  # a label per position (a sequence's next tokens): (rows, width)
+        values, width = _column_values(labels)
+        return x, values.reshape(b.num_rows, width)
     return x, labels.to_numpy(zero_copy_only=False)
+
+
+def is_list(t) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
 def concat_arrays(arrays: List[Tuple[np.ndarray, np.ndarray]],

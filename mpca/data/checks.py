@@ -119,7 +119,9 @@ def check_batch(model_fn: Callable, loss_fn: Callable, optimizer_fn: Callable, x
     except Exception as e:  # noqa: BLE001
         raise UserError(f"the model cannot take the data's rows (shape {tuple(x.shape)}, data.input_shape "
                         f"{list(input_shape)}): {_first_line(e)}") from None
-    classes = int(out.shape[1]) if out.dim() == 2 and not torch.is_floating_point(y) else None
+    # class indices: one per row (output (n, C)) or one per position of a sequence (labels (n, T), output (n, T, C))
+    classes = (int(out.shape[-1]) if out.dim() == y.dim() + 1 and out.dim() in (2, 3)
+               and not torch.is_floating_point(y) else None)
     problem = labels_outside(*label_range, label, classes) if label_range is not None else None
     if problem:
         raise UserError(problem)
@@ -170,6 +172,8 @@ def check_schema(schema, features: str, label: str, input_shape: Sequence[int], 
     from pyspark.sql.types import ArrayType, BooleanType, IntegralType, NumericType
 
     f_type, l_type = schema[features].dataType, schema[label].dataType
+    sequence = isinstance(l_type, ArrayType)  # a label per position: as many as the features have
+    l_type = l_type.elementType if sequence else l_type
     values = f_type
     for _ in range(2):  # an array of numbers, or of arrays of numbers (images), as mpca.data.arrow reads them
         values = values.elementType if isinstance(values, ArrayType) else values
@@ -178,9 +182,11 @@ def check_schema(schema, features: str, label: str, input_shape: Sequence[int], 
                                                     "use array<float> (or a vector column)"))
     if not isinstance(l_type, (NumericType, BooleanType)):
         raise UserError(unreadable(features, label, f"unsupported label column type {l_type.simpleString()}; use "
-                                                    "integers for class indices or floats for regression targets"))
+                                                    "integers for class indices (an array of them: one per "
+                                                    "position) or floats for regression targets"))
     x = torch.zeros((2, *input_shape), dtype=torch.float32)
-    y = torch.zeros(2, dtype=torch.int64 if isinstance(l_type, IntegralType) else torch.float32)
+    y = torch.zeros((2, *(input_shape if sequence else ())),
+                    dtype=torch.int64 if isinstance(l_type, IntegralType) else torch.float32)
     return check_batch(model_fn, loss_fn, optimizer_fn, x, y, None, label, input_shape)
 
 
@@ -196,6 +202,8 @@ def check_parquet(path: str, features: str, label: str, input_shape: Sequence[in
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
+    from mpca.data.arrow import is_list
+
     try:
         data = ds.dataset(path, format="parquet")
         names = data.schema.names
@@ -204,6 +212,8 @@ def check_parquet(path: str, features: str, label: str, input_shape: Sequence[in
     check_columns(names, features, label)
     labels = data.to_table(columns=[label]).column(label)
     rows = len(labels)
+    if rows and is_list(labels.type):  # a label per position: the range of all of them
+        labels = pc.list_flatten(labels)
     mm = pc.min_max(labels) if rows else None
     lo = mm["min"].as_py() if mm else None
     hi = mm["max"].as_py() if mm else None
@@ -211,6 +221,21 @@ def check_parquet(path: str, features: str, label: str, input_shape: Sequence[in
     sample = data.head(sample_rows, columns=[features, label])
     x, y = tensors(sample, features, label, input_shape)
     check_batch(model_fn, loss_fn, optimizer_fn, x, y, (lo, hi), label, input_shape)
+    vocab = getattr(model_fn(), "vocab_size", None)  # a language model reads its features as token ids
+    if vocab is not None:
+        values = data.to_table(columns=[features]).column(features)
+        mm = pc.min_max(pc.list_flatten(values) if is_list(values.type) else values)
+        problem = tokens_outside(mm["min"].as_py(), mm["max"].as_py(), features, int(vocab))
+        if problem:
+            raise UserError(problem)
+
+
+def tokens_outside(lo: float, hi: float, features: str, vocab: int) -> Optional[str]:
+    """The one line for token ids outside a language model's vocabulary 0..vocab-1, or None."""
+    if lo < 0 or hi >= vocab:
+        return (f"token ids in {features!r} reach {lo:g}..{hi:g} but the model's vocabulary is 0..{vocab - 1} "
+                "(model.args.vocab_size): re-encode the text or raise vocab_size")
+    return None
 
 
 def check_dataframe(df, features: str, label: str, input_shape: Sequence[int], model_fn: Callable,
@@ -223,13 +248,18 @@ def check_dataframe(df, features: str, label: str, input_shape: Sequence[int], m
 
     from mpca.compat import take_arrow
 
+    from pyspark.sql.types import ArrayType
+
     if full:
-        row = df.agg(F.count(F.lit(1)).alias("n"), F.min(label).alias("lo"), F.max(label).alias("hi")).collect()[0]
+        sequence = isinstance(df.schema[label].dataType, ArrayType)  # labels per position: their range
+        lo_col, hi_col = (F.array_min(label), F.array_max(label)) if sequence else (F.col(label), F.col(label))
+        row = df.agg(F.count(F.lit(1)).alias("n"), F.min(lo_col).alias("lo"), F.max(hi_col).alias("hi")).collect()[0]
         lo, hi, rows = row["lo"], row["hi"], int(row["n"])
         sample = take_arrow(df.select(features, label), sample_rows)
     else:
         sample = take_arrow(df.select(features, label), max(sample_rows, label_rows))
         ys = [v for v in sample.column(label).to_pylist() if v is not None]
+        ys = [u for v in ys for u in v] if ys and isinstance(ys[0], list) else ys  # labels per position
         (lo, hi), rows = (min(ys), max(ys)) if ys else (None, None), sample.num_rows
         sample = sample.slice(0, sample_rows)
     check_label_range(lo, hi, rows, label)

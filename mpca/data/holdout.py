@@ -87,7 +87,8 @@ class HoldoutKeeper:
         keep = h <= cut_off
         h, x = np.ascontiguousarray(h[keep], dtype=np.int64), np.ascontiguousarray(x[keep], dtype=np.float32)
         y = np.ascontiguousarray(y[keep], dtype=label_dtype(y))
-        return {"rows": int(len(h)), "label_dtype": y.dtype.name}, h.tobytes() + x.tobytes() + y.tobytes()
+        header = {"rows": int(len(h)), "label_dtype": y.dtype.name, "label_shape": list(y.shape[1:])}
+        return header, h.tobytes() + x.tobytes() + y.tobytes()
 
 
 def holdout_cut_off(hashes: Iterable[int], max_rows: int) -> Optional[int]:
@@ -109,7 +110,8 @@ def decode_rows(parts: Sequence[Tuple[dict, bytes]], max_rows: int, input_shape:
         size = n * width * 4
         hs.append(np.frombuffer(payload[:8 * n], dtype=np.int64))
         xs.append(np.frombuffer(payload[8 * n:8 * n + size], dtype=np.float32).reshape(n, *input_shape))
-        ys.append(np.frombuffer(payload[8 * n + size:], dtype=np.dtype(header["label_dtype"])))
+        ys.append(np.frombuffer(payload[8 * n + size:], dtype=np.dtype(header["label_dtype"]))
+                  .reshape(n, *header.get("label_shape", ())))  # a sequence's labels: one per position
     if not hs:
         return np.zeros((0, *input_shape), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64)
     h, x, y = np.concatenate(hs), np.concatenate(xs), np.concatenate(ys)

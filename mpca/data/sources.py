@@ -22,9 +22,34 @@ def job_dataframe(spark, d, agents: int = 1):
         from mpca.data.synthetic import TeacherTask
 
         return TeacherTask(**d.teacher.model_dump()).dataframe(spark, partitions)
+    if d.dataset == "pytext":
+        from mpca.compat import dataframe_from_arrow
+
+        return dataframe_from_arrow(spark, text_corpus(d).table("train"), partitions)
     if d.dataset is not None:
         return dataset_dataframe(spark, d.dataset, partitions)
     return read_source(spark, d)
+
+
+def job_holdout(spark, d):
+    """The rows a job scores on where it has its own (``data.dataset: pytext``'s files set aside,
+    ``data.holdout_path``), else None: the trainer splits ``data.holdout`` of the rows by their hash."""
+    if d.dataset == "pytext":
+        from mpca.compat import dataframe_from_arrow
+
+        return dataframe_from_arrow(spark, text_corpus(d).table("holdout"), 1)
+    if d.holdout_path is not None:
+        return read_source(spark, d, path=d.holdout_path)
+    return None
+
+
+def text_corpus(d):
+    """The :class:`~mpca.data.text.TextCorpus` of a job's ``data`` section (``data.text``, ``data.holdout``, the
+    run's seed is not used: the split is the corpus's own, the same for every run)."""
+    from mpca.data.text import TextCorpus
+
+    t = d.text
+    return TextCorpus(root=t.root, window=t.window, holdout=d.holdout, max_mb=t.max_mb, suffix=t.suffix)
 
 
 def read_source(spark, d, path: Optional[str] = None, scoring: bool = False):

@@ -58,13 +58,14 @@ class _Spill:
         self.directory = tempfile.mkdtemp(prefix="mpca-spill-", dir=directory)
         self.rows = 0
         self.shape: Optional[tuple] = None
+        self.label_shape: tuple = ()
         self.label_dtype: Optional[np.dtype] = None
         self._x = open(os.path.join(self.directory, "features.f32"), "wb")
         self._y = None
 
     def write(self, x: np.ndarray, y: np.ndarray) -> None:
         if self._y is None:  # labels as training reads them (label_dtype): no copy then
-            self.shape = x.shape[1:]
+            self.shape, self.label_shape = x.shape[1:], y.shape[1:]  # labels: one per row, or per position
             self.label_dtype = label_dtype(y)
             self._y = open(os.path.join(self.directory, f"labels.{self.label_dtype.name}"), "wb")
         self._x.write(np.ascontiguousarray(x, dtype=np.float32).data)
@@ -81,7 +82,7 @@ class _Spill:
         x = np.memmap(os.path.join(self.directory, "features.f32"), dtype=np.float32, mode="r+",
                       shape=(self.rows, *self.shape))
         y = np.memmap(os.path.join(self.directory, f"labels.{self.label_dtype.name}"), dtype=self.label_dtype,
-                      mode="r+", shape=(self.rows,))
+                      mode="r+", shape=(self.rows, *self.label_shape))
         return Partition(torch.from_numpy(x), torch.from_numpy(y), self.directory)
 
     def abort(self) -> None:

@@ -112,7 +112,7 @@ class LoadingRows:
         if self._x is None or n + k > len(self._x):  # double: readers keep the tensors they hold, rows [0, n) alike
             cap = max(2 * (len(self._x) if self._x is not None else 0), n + k, START_ROWS)
             nx = torch.empty((cap, *x.shape[1:]), dtype=torch.float32)
-            ny = torch.empty(cap, dtype=torch.from_numpy(y[:0]).dtype)
+            ny = torch.empty((cap, *y.shape[1:]), dtype=torch.from_numpy(y[:0]).dtype)  # labels per row or position
             if n:
                 nx[:n], ny[:n] = self._x[:n], self._y[:n]
             self._x, self._y = nx, ny

@@ -100,7 +100,9 @@ class TorchClassifier(Estimator, _TorchModelParams, HasLabelCol, DefaultParamsRe
 
 
 class TorchClassificationModel(Model, _TorchModelParams, MLReadable, MLWritable):
-    """Scores a DataFrame: ``predictionCol`` = arg-max class of the module's output, as a double."""
+    """Scores a DataFrame: ``predictionCol`` = arg-max class of the module's output, as a double; for a model
+    with one output per position (a language model: (rows, T, classes)), the arg-max class of every position as
+    ``array<int>`` — a language model's predicted next token after each prefix of the window."""
 
     @keyword_only
     def __init__(self, *, modelTarget: Optional[str] = None, modelKwargs: str = "{}", inputShape=None,
@@ -126,7 +128,7 @@ class TorchClassificationModel(Model, _TorchModelParams, MLReadable, MLWritable)
 
     def _transform(self, dataset):
         from pyspark.ml.functions import predict_batch_udf
-        from pyspark.sql.types import DoubleType
+        from pyspark.sql.types import ArrayType, DoubleType, IntegerType
 
         if self._broadcast is None:  # the weights go to each executor once, not with every task
             buf = io.BytesIO()
@@ -137,8 +139,11 @@ class TorchClassificationModel(Model, _TorchModelParams, MLReadable, MLWritable)
         if not shape:  # flat features: the width of the first row
             first = dataset.select(self.getFeaturesCol()).first()
             shape = [len(first[0])] if first is not None else [1]
+        with torch.no_grad():  # one output per row, or one per position (a sequence model): one zero row tells
+            sequence = self.module(torch.zeros((1, *shape))).dim() == 3
         make = functools.partial(_make_predict, spec.target, dict(spec.kwargs), self._broadcast)
-        udf = predict_batch_udf(make, return_type=DoubleType(), batch_size=self.getOrDefault(self.inferenceBatchSize),
+        udf = predict_batch_udf(make, return_type=ArrayType(IntegerType()) if sequence else DoubleType(),
+                                batch_size=self.getOrDefault(self.inferenceBatchSize),
                                 input_tensor_shapes=[shape])  # each row's flat array → one tensor of this shape
         return dataset.withColumn(self.getPredictionCol(), udf(self.getFeaturesCol()))
 
@@ -166,6 +171,8 @@ def _make_predict(target: str, kwargs: Dict[str, Any], state):
     def predict(x: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             out = model(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device))
+        if out.dim() == 3:  # a class per position (a language model's next tokens)
+            return out.argmax(dim=-1).to(torch.int32).cpu().numpy()
         return out.argmax(dim=1).to(torch.float64).cpu().numpy()
 
     return predict

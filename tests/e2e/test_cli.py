@@ -226,3 +226,42 @@ def _pyspark_workers() -> list:
     from mpca.bench.exchange import processes_with
 
     return processes_with(b"pyspark.daemon", b"pyspark.worker")
+
+
+def test_a_language_model_job_from_the_corpus_to_scored_windows(tmp_path):
+    """`mpca data pytext` (split by file), `mpca train -c conf/lm.yaml` on its Parquet to a target loss, and
+    `mpca predict` on the held-out files: the predicted next byte after every prefix of each window."""
+    data = tmp_path / "pytext"
+    w = subprocess.run([sys.executable, "-m", "mpca.cli", "data", "pytext", str(data), "--window", "32",
+                        "--max-mb", "0.4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert w.returncode == 0 and "split by file" in w.stdout, w.stderr
+    files = json.loads((data / "files.json").read_text())["files"]
+    assert files["holdout"] and not set(files["train"]) & set(files["holdout"])
+    out = tmp_path / "lm"
+    small = ["data.input_shape=[32]", "data.text.window=32", "model.args.context=32", "model.args.width=32", "model.args.layers=2",
+             "model.args.heads=2", "optimizer.lr=0.003", "training.batch_size=16"]
+    p = subprocess.run([sys.executable, "-m", "mpca.cli", "train", "-c", "conf/lm.yaml", f"run.output_dir={out}",
+                        "data.dataset=null", f"data.path={data}/train", f"data.holdout_path={data}/holdout",
+                        *small, "stop.target_loss=4.0", "stop.max_seconds=240", "progress=log"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metric"] == "loss" and summary["stop_reason"] == "target_loss", summary
+    assert summary["final_holdout_loss"] <= 4.0 and "holdout loss" in p.stderr and "bits" in p.stderr
+    import pandas as pd
+
+    hist = pd.read_csv(out / "history.csv").dropna(subset=["holdout_loss"])
+    assert (abs(hist["holdout_bits"] - hist["holdout_loss"] / 0.6931471805599453) < 1e-9).all()
+    scored = tmp_path / "scored"
+    p = subprocess.run([sys.executable, "-m", "mpca.cli", "predict", "-c", "conf/lm.yaml", "--model",
+                        f"{out}/model.pt", "--data", f"{data}/holdout", "--out", str(scored), *small], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    import pyarrow.parquet as pqr
+
+    table = pqr.read_table(str(scored))
+    pred = table.column("prediction").to_pylist()
+    label = table.column("label").to_pylist()
+    assert len(pred) == table.num_rows > 100 and all(len(r) == 32 for r in pred)
+    wrong = sum(a != b for r, s in zip(pred, label) for a, b in zip(r, s)) / (32 * len(pred))
+    assert abs(wrong - summary["final_holdout_error"]) < 1e-6  # the run's own per-token error on these windows

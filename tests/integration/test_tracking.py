@@ -91,7 +91,8 @@ def test_mlflow_environment_turns_tracking_on(monkeypatch):
     """MLflow's own variables (or an active run) stand in for a tracking.mlflow section; none: no tracker."""
     assert from_config(TrackingSection()) is None
     for k in MLFLOW_ENV:
-        monkeypatch.setenv(k, "x" if k != "MLFLOW_RUN_ID" else "0123")
+        value = {"MLFLOW_RUN_ID": "0123", "MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}.get(k, "x")  # no file store
+        monkeypatch.setenv(k, value)
         hooks = from_config(TrackingSection())
         assert [type(h).__name__ for h in hooks.hooks] == ["MLflowTracker"], k
         monkeypatch.delenv(k)

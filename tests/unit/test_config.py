@@ -86,13 +86,14 @@ def test_trainer_keywords_map_onto_the_one_settings_object():
         settings_from(holdout=1.0)
 
 
-@pytest.mark.parametrize("path", ["conf/digits.yaml", "conf/mnist_mlp.yaml", "conf/teacher_mlp.yaml"])
+@pytest.mark.parametrize("path", ["conf/digits.yaml", "conf/mnist_mlp.yaml", "conf/teacher_mlp.yaml", "conf/lm.yaml",
+                                  "conf/resnet20.yaml"])
 def test_shipped_configs_validate(path):
     cfg = load_config([path])
     from mpca.models import build_model
 
     params = sum(p.numel() for p in build_model(cfg.model.name, cfg.model.args).parameters())
-    assert params > (10_000 if "digits" in path else 1_000_000)
+    assert params > {"digits": 10_000, "resnet20": 250_000}.get(os.path.basename(path)[:-5], 1_000_000)
 
 
 def _parquet(tmp, name, **columns):
@@ -159,10 +160,35 @@ def _bad_inputs(tmp):
         (_on_data(tmp, "digits") + ["data.input_shape=[64]"], "cannot take the data's rows"),
         (_on_data(tmp, "digits") + ["data.input_shape=[1,4,4]"], "input_shape"),
         (_on_data(tmp, "digits") + ["data.label=target"], "column 'target' not in the data"),
+        # sequence models (conf/lm.yaml): the metric, the corpus, the tokens, the tracking store
+        (["train", "-c", "conf/lm.yaml", "stop.target_loss=null", "stop.target_error=0.5"],
+         "stop.target_error needs eval.metric: error"),
+        (["train", "-c", "conf/digits.yaml", "stop.target_error=null", "stop.target_loss=1.0"],
+         "stop.target_loss needs eval.metric: loss"),
+        (["train", "-c", "conf/lm.yaml", f"data.text.root={tmp}"], "holds no .py files"),
+        (_on_lm_data(tmp, "tokens", token=300), "token ids in 'features' reach 0..300"),
+        (_on_lm_data(tmp, "ragged", ragged=True), "ragged"),
+        (train + [f"tracking.mlflow.tracking_uri={tmp.as_uri()}/mlruns"], "MLFLOW_ALLOW_FILE_STORE=true"),
     ]
 
 
-CASES = len(MISTAKES) + 35  # with the cases below MISTAKES in _bad_inputs; the test checks the total
+def _on_lm_data(tmp, name, token=None, ragged=False):
+    """conf/lm.yaml on a Parquet data set of 64-token windows, one token replaced or one row cut short."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [[float(i % 200)] * 64 for i in range(32)]
+    labels = [[i % 200] * 64 for i in range(32)]
+    if token is not None:
+        rows[20][3] = float(token)  # past the 16 rows of the one-batch check: the whole-data check finds it
+    if ragged:
+        rows[7] = rows[7][:40]
+    os.makedirs(tmp / name, exist_ok=True)
+    pq.write_table(pa.table({"features": rows, "label": labels}), str(tmp / name / "part-0.parquet"))
+    return ["train", "-c", "conf/lm.yaml", "data.dataset=null", f"data.path={tmp / name}"]
+
+
+CASES = len(MISTAKES) + 41  # with the cases below MISTAKES in _bad_inputs; the test checks the total
 
 
 @pytest.mark.parametrize("case", range(CASES))

@@ -96,8 +96,14 @@ def test_the_schema_check_reads_no_row_and_returns_the_class_count_of_integer_la
     assert check(schema(ArrayType(FloatType()), DoubleType()), model=lambda: torch.nn.Linear(4, 1), loss=mse) is None
     with pytest.raises(UserError, match="cannot be read: unsupported feature column type string"):
         check(schema(StringType(), LongType()))
-    with pytest.raises(UserError, match="unsupported label column type array<float>"):
-        check(schema(ArrayType(FloatType()), ArrayType(FloatType())))
+    with pytest.raises(UserError, match="unsupported label column type string"):
+        check(schema(ArrayType(FloatType()), ArrayType(StringType())))  # an array's elements are checked too
+    # integer labels per position (a sequence model's next tokens): the class count is the output's last axis
+    per_token = lambda: torch.nn.Sequential(torch.nn.Unflatten(1, (4, 1)), torch.nn.Linear(1, 7))  # noqa: E731
+    assert check(schema(ArrayType(FloatType()), ArrayType(LongType())), model=per_token,
+                 loss=lambda out, y: torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())) == 7
+    with pytest.raises(UserError, match="does not fit the loss with labels of shape \\(2, 4\\)"):
+        check(schema(ArrayType(FloatType()), ArrayType(LongType())))  # one output per row, labels per position
     with pytest.raises(UserError, match="the model cannot take the data's rows \\(shape \\(2, 5\\)"):
         check(schema(ArrayType(FloatType()), LongType()), shape=(5,))
     with pytest.raises(UserError, match="does not fit the loss"), pytest.warns(UserWarning, match="target size"):

@@ -24,7 +24,7 @@ def test_an_agent_trains_on_the_rest_in_order_and_keeps_its_smallest_hashed_hold
     # of the held rows' hashes (1e6+3, -999,995, 7, 2e6+1) the 2 smallest, ascending: the negative one and 7
     assert keeper.hashes().tolist() == [-999_995, 7]
     header, payload = keeper.rows_up_to(7)
-    assert header == {"rows": 2, "label_dtype": "int64"}  # a small header: the hashes travel in the payload
+    assert header == {"rows": 2, "label_dtype": "int64", "label_shape": []}  # small: the hashes travel in the payload
     assert np.frombuffer(payload[:16], np.int64).tolist() == [-999_995, 7]
     x = np.frombuffer(payload[16:32], np.float32).reshape(2, 2)
     assert x.tolist() == [[2.0, 2.5], [3.0, 3.5]] and np.frombuffer(payload[32:], np.int64).tolist() == [2, 3]

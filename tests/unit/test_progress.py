@@ -6,7 +6,7 @@ from mpca.progress import Progress
 
 def test_bar_mode_rewrites_one_line():
     out = io.StringIO()
-    p = Progress("bar", target_error=0.05, stream=out)
+    p = Progress("bar", target=0.05, stream=out)
     p.update(1, 0.5, 1000.0)
     p.update(2, 0.3, 1200.0)
     p.close()
@@ -24,7 +24,7 @@ def test_log_mode_when_not_a_terminal(caplog):
 
 
 def test_time_to_target_from_rate_of_improvement():
-    p = Progress("off", target_error=0.1)
+    p = Progress("off", target=0.1)
     p._errors = [(0.0, 0.5), (10.0, 0.3)]  # 0.02 per second → 10 s more to reach 0.1
     assert abs(p.eta_to_target() - 10.0) < 1e-9
     p._errors.append((20.0, 0.6))  # worse than the window's start: no estimate
@@ -67,7 +67,7 @@ def test_auto_in_a_notebook_kernel_updates_one_output_line(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=ZMQInteractiveShell))
     monkeypatch.setitem(sys.modules, "IPython.display", types.SimpleNamespace(display=display))
-    p = Progress("auto", target_error=0.05, stream=io.StringIO())
+    p = Progress("auto", target=0.05, stream=io.StringIO())
     assert p.mode == "notebook"
     p.update(1, 0.5, 100.0)
     p.update(2, 0.2, 100.0)

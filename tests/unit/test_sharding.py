@@ -40,6 +40,7 @@ def test_buffers_average_includes_float_buffers_only():
     assert "bn.num_batches_tracked" not in names
     local = [n for n, _ in exchanged_tensors(m, "local")]
     assert "bn.running_mean" not in local
+    assert [n for n, _ in exchanged_tensors(m, "recalibrate")] == names  # averaged as average, re-estimated to score
     with pytest.raises(ValueError):
         exchanged_tensors(m, "sum")
 
