@@ -50,13 +50,12 @@ def _metrics(row: Dict[str, Any]) -> Dict[str, float]:
     return out
 
 
-def check_store(mlflow, what: str) -> None:
+def check_store(mlflow, uri: str, what: str) -> None:
     """A local file store that this MLflow refuses (MLflow 3.x keeps its filesystem backend in maintenance mode
     and raises when it is opened, unless ``MLFLOW_ALLOW_FILE_STORE=true``) as one line naming the fixes, before
     Spark starts; other stores (a database, a server, Databricks) are opened by MLflow when the run starts."""
     from urllib.parse import urlparse
 
-    uri = mlflow.get_tracking_uri()
     scheme = urlparse(uri).scheme
     if scheme not in ("", "file") and not (len(scheme) == 1 and os.name == "nt"):  # a path, or file:
         return
@@ -108,9 +107,11 @@ class MLflowTracker:
             log.warning("MLflow: logging into the active run %s; tracking_uri/experiment of the config are not "
                         "used", active.info.run_id)
         else:
+            # checked before it is set: set_tracking_uri exports MLFLOW_TRACKING_URI to the whole process
+            check_store(mlflow, tracking_uri or mlflow.get_tracking_uri(),
+                        "tracking.mlflow.tracking_uri" if tracking_uri else "MLflow's tracking URI")
             if tracking_uri:
                 mlflow.set_tracking_uri(tracking_uri)
-            check_store(mlflow, "tracking.mlflow.tracking_uri" if tracking_uri else "MLflow's tracking URI")
             if experiment:
                 mlflow.set_experiment(experiment)
         self.run_name, self.register_as = run_name, register_as

@@ -299,9 +299,10 @@ class Algorithm(BaseModel):
 
     name: str
     buffers: Literal["average", "local", "recalibrate"] = Field(
-        "average", description="BatchNorm running statistics: exchanged and averaged with the weights (average), "
-        "kept by each agent (local: the driver re-estimates them on training rows before it scores or saves), "
-        "or averaged and re-estimated before scoring (recalibrate)")
+        "recalibrate", description="BatchNorm running statistics: exchanged and averaged with the weights, and "
+        "re-estimated on training rows before the driver scores or saves the joint model (recalibrate, the "
+        "default: measured on ResNet-20, docs/results/2026-11-28-workloads.md); exchanged and used as averaged "
+        "(average); or kept by each agent, the driver re-estimating them (local)")
     min_cycle_interval_s: Optional[float] = Field(None, ge=0.0, description="at least this many seconds between "
                                                   "the driver's cycles (None: the algorithm's default: 0, as fast "
                                                   "as possible, where cycles exchange; 1 where they only observe)")

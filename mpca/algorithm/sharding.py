@@ -11,7 +11,7 @@ Which tensors are exchanged:
 
 * every parameter (shared parameters once), in ``named_parameters`` order;
 * floating-point buffers (e.g. BatchNorm ``running_mean``/``running_var``) unless
-  ``buffers="local"`` (default ``average``): they are τ-weighted-averaged and pulled
+  ``buffers="local"`` (the setting's default is ``recalibrate``): they are τ-weighted-averaged and pulled
   like parameters, so the joint model carries statistics consistent with its
   weights; with ``buffers="local"`` they stay agent-local; ``buffers="recalibrate"``
   exchanges them as ``average`` does, and the driver re-estimates them on training

@@ -265,3 +265,13 @@ def test_a_language_model_job_from_the_corpus_to_scored_windows(tmp_path):
     assert len(pred) == table.num_rows > 100 and all(len(r) == 32 for r in pred)
     wrong = sum(a != b for r, s in zip(pred, label) for a, b in zip(r, s)) / (32 * len(pred))
     assert abs(wrong - summary["final_holdout_error"]) < 1e-6  # the run's own per-token error on these windows
+
+
+def test_the_language_model_notebook_executes():
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", "language_model.ipynb"), as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
+    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "bits per byte" in outputs and "predicted" in outputs

@@ -202,7 +202,12 @@ def test_bad_input_is_one_line_exit_2_before_spark_starts(tmp_path, capsys, case
     if argv[0] == "train" and not any(a.startswith("run.output_dir") for a in argv) and len(argv) > 1:
         argv.append(f"run.output_dir={tmp_path}/out")
     t0 = time.time()
+    def mlflow_env():
+        return {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
+
+    environment = mlflow_env()
     code = main(argv)
+    assert mlflow_env() == environment  # nothing leaks to later jobs (MLflow's set_tracking_uri exports its URI)
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("mpca"), err
     assert expected in err, err
