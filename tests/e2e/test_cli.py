@@ -242,7 +242,8 @@ def test_a_language_model_job_from_the_corpus_to_scored_windows(tmp_path):
              "model.args.heads=2", "optimizer.lr=0.003", "training.batch_size=16"]
     p = subprocess.run([sys.executable, "-m", "mpca.cli", "train", "-c", "conf/lm.yaml", f"run.output_dir={out}",
                         "data.dataset=null", f"data.path={data}/train", f"data.holdout_path={data}/holdout",
-                        *small, "stop.target_loss=4.0", "stop.max_seconds=240", "progress=log"], cwd=ROOT,
+                        *small, "stop.target_loss=4.0", "stop.max_seconds=240", "progress=log",
+                        "data.holdout_max_rows=100000"], cwd=ROOT,  # every held-out window scored, as predict does
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
