@@ -255,9 +255,3 @@ def tiny_resnet():
 
 def adamw_3e3(params):
     return torch.optim.AdamW(params, lr=3e-3)
-
-
-def sequence_cross_entropy(out, y):
-    from mpca.models import cross_entropy as ce
-
-    return ce(out, y)

@@ -25,8 +25,8 @@ def _column_values(col: pa.Array) -> Tuple[np.ndarray, int]:
             flat = flat.flatten()
         values = flat.to_numpy(zero_copy_only=False)
         width = len(values) // len(col) if len(col) else 0
-        lengths = pc.list_value_length(col)
-        if width * len(col) != len(values) or (len(col) and pc.min_max(lengths)["min"] != pc.min_max(lengths)["max"]):
+        lengths = pc.min_max(pc.list_value_length(col))  # the rows' own lengths: equal totals can hide ragged rows
+        if width * len(col) != len(values) or lengths["min"] != lengths["max"]:
             raise UnreadableRows("arrays have different lengths across rows (ragged): every row needs as many "
                                  "values (pad or cut the sequences to one length)")
         return values, width

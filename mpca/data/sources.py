@@ -44,8 +44,8 @@ def job_holdout(spark, d):
 
 
 def text_corpus(d):
-    """The :class:`~mpca.data.text.TextCorpus` of a job's ``data`` section (``data.text``, ``data.holdout``, the
-    run's seed is not used: the split is the corpus's own, the same for every run)."""
+    """The :class:`~mpca.data.text.TextCorpus` of a job's ``data`` section (``data.text``, ``data.holdout``); its
+    file split does not follow the run's seed: every run of a corpus scores on the same files."""
     from mpca.data.text import TextCorpus
 
     t = d.text

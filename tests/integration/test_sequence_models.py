@@ -8,6 +8,7 @@ import torch
 from mpca.compat import dataframe_from_arrow
 from mpca.data.datasets import dataset_dataframe
 from mpca.data.text import TextCorpus
+from mpca.models import cross_entropy
 from mpca.trainer import Trainer
 from tests import helpers
 
@@ -17,7 +18,7 @@ def test_the_language_model_learns_text_it_never_saw_and_scores_the_next_tokens(
     train, hold = corpus.table("train"), corpus.table("holdout")
     assert hold.num_rows > 100
     df, holdout = dataframe_from_arrow(spark, train, 4), dataframe_from_arrow(spark, hold, 1)
-    fit = Trainer(helpers.tiny_lm, helpers.sequence_cross_entropy, helpers.adamw_3e3, agents=2,
+    fit = Trainer(helpers.tiny_lm, cross_entropy, helpers.adamw_3e3, agents=2,
                   input_shape=(32,), batch_size=16, max_cycles=40, eval_every_cycles=10, metric="loss",
                   spark=spark).fit(df, holdout)
     h = fit.history.dropna(subset=["holdout_loss"])
