@@ -26,10 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-import numpy as np
-
-from mpca.algorithm.weighted_sum import WeightedSum
-from mpca.algorithm.wire import Codec, EncodedSum
+from mpca.algorithm.wire import Codec
+from mpca.exchange.partials import contribution
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError
 from mpca.runtime.record import ExchangeRecord
@@ -120,11 +118,7 @@ def _yield(plan: ExchangePlan, ch: Channel, entry: AgentReport, rec: ExchangeRec
         return
     entry.update(header)
     entry.bytes_up = len(payload)
-    weight, codec = float(header["weight"]), plan.codec
-    if codec.lossy:  # Σ τ x goes up encoded; the tree's levels add decoded values (mpca.algorithm.wire.EncodedSum)
-        rec.partial = EncodedSum.received(payload, plan.reduce_numel, weight, codec)
-    else:
-        rec.partial = WeightedSum.of(np.frombuffer(payload, dtype=codec.dtype), weight)
+    rec.partial = contribution(payload, plan.reduce_numel, float(header["weight"]), plan.codec)
 
 
 def run_niced(fn, *args):

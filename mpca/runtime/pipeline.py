@@ -43,7 +43,8 @@ from mpca.runtime.broadcasts import Broadcasts
 from mpca.runtime.exchange import ExchangePlan
 from mpca.runtime.jobs import ExchangeJobs
 from mpca.runtime.layout import ExchangeLayout
-from mpca.runtime.record import ExchangeRecord, Partial, as_weighted_sum
+from mpca.exchange.partials import Partial, combine, decoded, driver_sum
+from mpca.runtime.record import ExchangeRecord
 from mpca.runtime.reports import AgentReport
 from mpca.runtime.roster import AgentRoster
 from mpca.runtime.timeline import CycleRecord, Timeline
@@ -54,15 +55,12 @@ MAX_CORRECTIONS = 5
 
 
 def _finite(cycle: int, shard: int, partial: Partial) -> Optional[WeightedSum]:
-    """The treeReduce result (numpy; a lossy one decoded) as torch for the driver rule, or None when it holds
-    NaN/Inf (agents reject their own non-finite shards; this keeps the joint model finite whatever reaches the
-    driver)."""
-    partial = as_weighted_sum(partial)
-    total = None if partial.total is None else torch.from_numpy(np.asarray(partial.total))
-    if total is not None and not bool(torch.isfinite(total).all()):
+    """The treeReduce result as the driver rule takes it (:func:`~mpca.exchange.partials.driver_sum`), or None
+    with a warning when it holds NaN/Inf."""
+    ws = driver_sum(partial)
+    if ws is None:
         log.warning("cycle %d: the reduction of shard %d holds NaN/Inf; not applied to the joint model", cycle, shard)
-        return None
-    return WeightedSum(total, partial.weight)
+    return ws
 
 
 
@@ -183,7 +181,7 @@ class ExchangePipeline:
     def _with_handed_in(self, shard: int, partial: WeightedSum, rec: CycleRecord) -> WeightedSum:
         for agent, contribution, extra in self._handed_in.pop(shard, []):
             if self.rule.takes_hand_in(shard, extra):
-                partial = partial.combine(contribution)
+                partial = combine(partial, contribution)
                 rec.handed_in.append(agent)
             else:
                 log.info("agent %s's handed-in shard %d came too late for its reduction; dropped", agent, shard)
@@ -281,7 +279,7 @@ class ExchangePipeline:
         if self._pending is None:
             return None
         c, r, result = self._pending
-        p = as_weighted_sum(result.partial)
+        p = decoded(result.partial)
         total = None if p.total is None else torch.from_numpy(np.array(p.total))
         return {"cycle": c, "shard": r, "total": total, "weight": float(p.weight)}
 

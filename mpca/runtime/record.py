@@ -8,20 +8,16 @@ which the driver refuses).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Dict, List, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
 
-from mpca.algorithm.weighted_sum import WeightedSum
-from mpca.algorithm.wire import EncodedSum
+from mpca.exchange.partials import Partial, combine, empty
 from mpca.runtime.reports import AgentReport
-
-
-Partial = Union[WeightedSum, EncodedSum]  # fp32: exact sums; lossy wire formats: encoded sums
 
 
 @dataclass
 class ExchangeRecord:
-    partial: Partial = field(default_factory=lambda: WeightedSum(None, 0.0))
+    partial: Partial = field(default_factory=empty)
     agents: Dict[int, AgentReport] = field(default_factory=dict)  # answered a reduce (or control) task
     delivered: Dict[int, AgentReport] = field(default_factory=dict)  # handed the broadcast
     misplaced: List[str] = field(default_factory=list)  # executors where a task found no unclaimed agent
@@ -31,7 +27,7 @@ class ExchangeRecord:
     def merge(self, other: "ExchangeRecord") -> "ExchangeRecord":
         """Both records in one (treeReduce's function): partial sums added, reports united."""
         dups = self.duplicates + other.duplicates
-        return ExchangeRecord(_combine(self.partial, other.partial), _union(self.agents, other.agents, dups),
+        return ExchangeRecord(combine(self.partial, other.partial), _union(self.agents, other.agents, dups),
                               _union(self.delivered, other.delivered, dups), self.misplaced + other.misplaced, dups,
                               {**self.rows, **other.rows})
 
@@ -42,20 +38,6 @@ class ExchangeRecord:
 
 def merge_records(a: ExchangeRecord, b: ExchangeRecord) -> ExchangeRecord:
     return a.merge(b)
-
-
-def _combine(a: Partial, b: Partial) -> Partial:
-    """Two partials of Eq. 9; an empty one (no contribution yet: the default) takes the other's kind."""
-    if isinstance(a, WeightedSum) and a.total is None and not isinstance(b, WeightedSum):
-        return replace(b, weight=a.weight + b.weight)
-    if isinstance(b, WeightedSum) and b.total is None and not isinstance(a, WeightedSum):
-        return replace(a, weight=a.weight + b.weight)
-    return a.combine(b)
-
-
-def as_weighted_sum(partial: Partial) -> WeightedSum:
-    """The partial as the driver rule takes it (a lossy one decoded)."""
-    return partial if isinstance(partial, WeightedSum) else partial.decoded()
 
 
 def _union(a: Dict[int, AgentReport], b: Dict[int, AgentReport], dups: List[int]) -> Dict[int, AgentReport]:

@@ -28,7 +28,8 @@ import numpy as np
 
 from mpca.algorithm.weighted_sum import WeightedSum
 from mpca.algorithm.wire import EncodedSum
-from mpca.runtime.record import ExchangeRecord, Partial, as_weighted_sum, merge_records
+from mpca.exchange.partials import Partial, decoded
+from mpca.runtime.record import ExchangeRecord, merge_records
 
 
 def split(record: ExchangeRecord, pieces: int) -> Iterator[Tuple[int, ExchangeRecord]]:
@@ -51,7 +52,7 @@ def join(pieces: Iterable[Tuple[int, ExchangeRecord]]) -> ExchangeRecord:
     ordered = [rec for _, rec in sorted(pieces, key=lambda kv: kv[0])]
     if not ordered:
         return ExchangeRecord()
-    sums = [as_weighted_sum(r.partial) for r in ordered]
+    sums = [decoded(r.partial) for r in ordered]
     weight = sums[0].weight
     if any(not np.isclose(s.weight, weight, rtol=1e-6, atol=1e-9) for s in sums):
         raise ValueError(f"the pieces of one reduction carry different weights: {[s.weight for s in sums]}")

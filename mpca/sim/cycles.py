@@ -32,14 +32,12 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple
 
-import numpy as np
-import torch
 
 from mpca.algorithm.base import DriverRule
-from mpca.algorithm.weighted_sum import WeightedSum
-from mpca.algorithm.wire import Codec, EncodedSum, ErrorFeedback
+from mpca.algorithm.wire import Codec, ErrorFeedback
+from mpca.exchange.partials import Partial, contribution, driver_sum, fold
 from mpca.sim.clock import VirtualClock
 from mpca.sim.network import (broadcast_time, driver_copies, driver_partials, exchange_cpu_time, tree_groups,
                               tree_levels, tree_reduce_arrival)
@@ -47,8 +45,6 @@ from mpca.sim.constants import NetworkConstants
 from mpca.sim.presence import Presence
 from mpca.sim.result import CycleStat
 from mpca.stopping import silent_agent_wait_s
-
-Partial = Union[WeightedSum, EncodedSum]
 
 
 @dataclass
@@ -70,38 +66,13 @@ class Job:
     missing: List[int] = field(default_factory=list)  # agents whose contribution did not reach the reduction
 
 
-def combine(a: Partial, b: Partial) -> Partial:
-    """Two partials of Eq. 9 (an empty WeightedSum takes the other's kind), as the exchange record merges them."""
-    if isinstance(a, WeightedSum) and a.total is None and isinstance(b, EncodedSum):
-        return EncodedSum(b.data, b.n, a.weight + b.weight, b.codec)
-    if isinstance(b, WeightedSum) and b.total is None and isinstance(a, EncodedSum):
-        return EncodedSum(a.data, a.n, a.weight + b.weight, a.codec)
-    return a.combine(b)
-
-
 def tree_combine(partials: List[Partial]) -> Partial:
     """The partials combined along treeReduce's levels (:func:`~mpca.sim.network.tree_levels`), then on the
     driver in order."""
     items = list(partials)
     for reducers in tree_levels(len(items)):
-        items = [_fold(group) for group in tree_groups(items, reducers)]
-    return _fold(items)
-
-
-def _fold(items: List[Partial]) -> Partial:
-    acc: Partial = WeightedSum(None, 0.0)
-    for p in items:
-        acc = combine(acc, p)
-    return acc
-
-
-def as_driver_sum(partial: Partial) -> Optional[WeightedSum]:
-    """The reduction as the driver rule takes it (decoded, torch), or None when it holds NaN/Inf."""
-    ws = partial if isinstance(partial, WeightedSum) else partial.decoded()
-    if ws.total is None:
-        return WeightedSum(None, ws.weight)
-    total = torch.from_numpy(np.array(ws.total))
-    return WeightedSum(total, ws.weight) if bool(torch.isfinite(total).all()) else None
+        items = [fold(group) for group in tree_groups(items, reducers)]
+    return fold(items)
 
 
 class VirtualPipeline:
@@ -137,7 +108,7 @@ class VirtualPipeline:
 
     # ------------------------------------------------------------------ phases
     def _stage(self, cycle: int, shard: int, partial: Partial, lag: int) -> None:
-        ws = as_driver_sum(partial)
+        ws = driver_sum(partial)
         if ws is None:
             self.rejected += 1
             return
@@ -221,11 +192,7 @@ class VirtualPipeline:
         if got is None:
             return
         data, weight, _ = got
-        n = self.numel(job.shard)
-        if self.codec.lossy:
-            partial: Partial = EncodedSum.received(data, n, weight, self.codec)
-        else:
-            partial = WeightedSum.of(np.frombuffer(data, dtype=self.codec.dtype), weight)
+        partial = contribution(data, self.numel(job.shard), weight, self.codec)
         job.partials[agent] = (t, partial, len(data))
         job.waiting.discard(agent)
         job.optional.discard(agent)

@@ -11,6 +11,7 @@ PACKAGE = ROOT / "mpca"
 LAYERS = [
     ["mpca.errors", "mpca.local_cluster", "mpca.compat", "mpca.storage", "mpca.report"],
     ["mpca.algorithm"],  # the pure algorithms: torch and pydantic only
+    ["mpca.exchange"],  # the transport-free exchange core: the mechanics both drivers (Spark, the simulator) run
     ["mpca.data", "mpca.models"],
     ["mpca.config"],
     ["mpca.checkpoint", "mpca.stopping", "mpca.evaluation", "mpca.progress"],

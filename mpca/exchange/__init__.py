@@ -1,0 +1,7 @@
+"""The transport-free exchange core (issue 56): the mechanics around the algorithms' rules that the Spark runtime
+(:mod:`mpca.runtime`) and the virtual-clock simulator (:mod:`mpca.sim`) both drive, each written once, with no
+Spark, no sockets and no clock of its own.
+
+- :mod:`mpca.exchange.partials`: the partial sums of Eq. 9 a reduction carries, how two combine, and the sum the
+  driver rule takes (decoded, finite).
+"""

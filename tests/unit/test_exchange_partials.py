@@ -1,0 +1,65 @@
+"""The exchange core's partial sums (mpca.exchange.partials): what the Spark runtime's treeReduce and the
+simulator's tree both combine, against hand-computed values; and that neither driver keeps a twin of them."""
+from __future__ import annotations
+
+import pathlib
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from mpca.algorithm.weighted_sum import WeightedSum
+from mpca.algorithm.wire import Codec, EncodedSum
+from mpca.exchange.partials import combine, contribution, decoded, driver_sum, empty, fold
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "mpca"
+
+
+def test_exact_partials_add_their_sums_and_weights():
+    # agents with tau 2 and 3 and shards (1, 2) and (4, 0): sum tau x = (14, 4), sum tau = 5
+    a = contribution(np.array([1, 2], np.float32).tobytes(), 2, 2.0, Codec("fp32"))
+    b = contribution(np.array([4, 0], np.float32).tobytes(), 2, 3.0, Codec("fp32"))
+    s = fold([a, b])
+    assert isinstance(s, WeightedSum) and s.weight == 5.0
+    np.testing.assert_allclose(np.asarray(s.total), [14.0, 4.0])
+    assert fold([]).total is None and fold([]).weight == 0.0
+
+
+def test_an_empty_partial_takes_the_other_kind_and_adds_its_weight():
+    codec = Codec("int8")
+    enc = contribution(codec.encode(np.array([0.5, -1.0], np.float32)), 2, 2.0, codec)
+    assert isinstance(enc, EncodedSum)
+    for s in (combine(empty(), enc), combine(enc, empty())):
+        assert isinstance(s, EncodedSum) and s.weight == 2.0
+        np.testing.assert_allclose(decoded(s).total, [1.0, -2.0], atol=0.02)  # tau x, one int8 rounding
+    none = WeightedSum(None, 1.5)  # a task whose agent yielded nothing but counted weight
+    assert combine(none, enc).weight == 3.5
+
+
+def test_the_driver_takes_finite_sums_only():
+    ws = driver_sum(WeightedSum(np.array([1.0, 2.0], np.float32), 2.0))
+    assert isinstance(ws.total, torch.Tensor) and ws.total.tolist() == [1.0, 2.0] and ws.weight == 2.0
+    assert driver_sum(WeightedSum(np.array([1.0, np.nan], np.float32), 2.0)) is None
+    assert driver_sum(WeightedSum(np.array([np.inf], np.float32), 1.0)) is None
+    nothing = driver_sum(empty())
+    assert nothing.total is None and nothing.weight == 0.0
+
+
+def _sources():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if not rel.startswith(("exchange/", "algorithm/")):
+            yield rel, path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("pattern, what", [
+    (r"^Partial\s*=", "the Partial type"),
+    (r"EncodedSum\.received\(|WeightedSum\.of\(np\.frombuffer", "a contribution built from its bytes"),
+    (r"\.combine\(", "partials combined"),
+    (r"isfinite\(.*total", "the driver's finite check of a reduction"),
+])
+def test_no_driver_keeps_a_twin_of_the_core(pattern, what):
+    """The runtime and the simulator use mpca.exchange.partials; a copy of it in either goes red here."""
+    twins = [rel for rel, text in _sources() if re.search(pattern, text, re.M)]
+    assert not twins, f"{what} written outside mpca/exchange: {twins}"
