@@ -17,12 +17,22 @@ grid (algorithm × K) runs until the target or until ``horizon`` × t₁ (slower
 The recommendation (:func:`recommend`): among the cells that reached the target, those within ``tolerance`` of
 the fastest prediction; of them the one with the fewest agents (then the faster, then the earlier in the
 algorithm list) — more agents for less than ``tolerance`` of speed is not worth their cost.
+
+The user's task (issue 55, part 6).  The proxy gains from more agents what *its* gradient noise scale allows, not
+what the user's does: a proxy whose one agent's batch already estimates its gradient well predicts little gain
+for a task whose every extra sample is news.  Given the user's noise scale ``noise_scale`` (``mpca plan -c
+JOB.yaml`` measures it with a pilot on a sample of the job's own rows and its own model, :mod:`mpca.sim.noise`),
+the plan measures the proxy's after the same pilot and divides each simulated time at K agents by
+``ideal(B_user, b, K) / ideal(B_proxy, b, K)`` (:func:`noise_factor`; ``ideal`` is
+:func:`~mpca.sim.noise.ideal_speedup`, McCandlish et al.'s bound on the fewer steps of K·b samples a step): the
+simulation keeps what the algorithm and the link cost, the noise scales say how many steps more samples save.
+Without it the proxy's own gain stands, and the output says so.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 import torch
@@ -37,6 +47,7 @@ from mpca.sim.compute import ComputeModel
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.grid import GridRow, crossing_time, run_cell, split_rows
 from mpca.sim.network import cycle_time, scaled_for_bytes
+from mpca.sim.noise import PILOT_STEPS, NoiseScale, ideal_speedup, pilot
 from mpca.sim.simulator import REFUSED, SimConfig, simulate
 from mpca.sim.workload import TeacherWorkload
 
@@ -85,6 +96,11 @@ class PlanConfig(BaseModel):
     holdout: int = Field(1000, ge=50)
     reference_steps: int = Field(3000, ge=10, description="one agent's step budget to reach the target")
     seeds: int = Field(1, ge=1, le=10)
+    noise_scale: Optional[float] = Field(None, ge=0, description="the user's task's gradient noise scale B (samples; "
+                                         "mpca plan -c measures it): each K's simulated speed-up is scaled by the "
+                                         "ratio of its and the proxy's ceiling (module doc); None: the proxy's own")
+    pilot_steps: int = Field(PILOT_STEPS, ge=0, description="training steps before a noise scale is measured (the "
+                             "proxy's, and the user's with mpca plan -c)")
     periods: Literal["rule-of-five", "defaults"] = Field(
         "rule-of-five", description="sync's, DiLoCo's and EASGD's period where the user set none: H = 5 r at each "
                                     "K (SparkNet's 1:5 rule, the paper's §3.1.2), or the library's defaults")
@@ -136,12 +152,15 @@ class PlanResult:
     rows: List[GridRow]
     recommended: Optional[GridRow]
     wall_s: float = 0.0
+    proxy_noise: Optional[NoiseScale] = None  # the proxy's noise scale, measured when the user's was given
+    proxy_times: Dict[str, Optional[float]] = field(default_factory=dict)  # "algorithm@K": the uncorrected time
 
     def speedup(self, row: GridRow) -> Optional[float]:
         return self.reference_s / row.time_s if row.time_s else None
 
     def to_dict(self) -> Dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("config", "rows", "recommended")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("config", "rows", "recommended", "proxy_noise")}
+        out["proxy_noise"] = self.proxy_noise.to_dict() if self.proxy_noise else None
         out["config"] = self.config.model_dump(mode="json")
         out["rows"] = [r.to_dict() for r in self.rows]
         out["recommended"] = self.recommended.to_dict() if self.recommended else None
@@ -180,6 +199,28 @@ def recommend(rows: List[GridRow], tolerance: float) -> Optional[GridRow]:
     best = min(r.time_s for _, r in reached)
     near = [(i, r) for i, r in reached if r.time_s <= (1 + tolerance) * best + 1e-12]
     return min(near, key=lambda ir: (ir[1].agents, ir[1].time_s, ir[0]))[1]
+
+
+def noise_factor(user_b: float, proxy_b: float, batch: int, agents: int) -> float:
+    """How many times fewer steps K agents save on the user's task than on the proxy: the ratio of the two noise
+    scales' ceilings (module doc); 1 at K = 1."""
+    return ideal_speedup(user_b, batch, agents) / ideal_speedup(proxy_b, batch, agents)
+
+
+def corrected(rows: List[GridRow], user_b: float, proxy_b: float, batch: int) -> List[GridRow]:
+    """The rows with each reached time divided by :func:`noise_factor` at its K (a row not reached stays so: its
+    horizon was the proxy's)."""
+    return [replace(r, time_s=r.time_s / noise_factor(user_b, proxy_b, batch, r.agents),
+                    times=[t / noise_factor(user_b, proxy_b, batch, r.agents) if t is not None else None
+                           for t in r.times])
+            if r.time_s is not None else r for r in rows]
+
+
+def proxy_noise_scale(cfg: PlanConfig, work: TeacherWorkload) -> NoiseScale:
+    """The proxy's noise scale after ``pilot_steps`` of one agent at the plan's batch (as the user's pilot)."""
+    model = work.model_fn()
+    x, y = work.agent_rows(0, 1)
+    return pilot(model, work.loss_fn, work.optimizer_fn(model.parameters()), x, y, cfg.batch_size, cfg.pilot_steps)
 
 
 def proxy_values(work: TeacherWorkload) -> int:
@@ -231,9 +272,15 @@ def _plan(cfg: PlanConfig, progress: Optional[Callable[[GridRow], None]]) -> Pla
             rows.append(row)
             if progress is not None:
                 progress(row)
+    proxy_noise, proxy_times = None, {}
+    if cfg.noise_scale is not None:
+        proxy_noise = proxy_noise_scale(cfg, work)
+        proxy_times = {f"{r.algorithm}@{r.agents}": r.time_s for r in rows if not r.skipped}
+        rows = corrected(rows, cfg.noise_scale, proxy_noise.b_simple, cfg.batch_size)
     return PlanResult(config=cfg, proxy_parameters=proxy_n, byte_scale=scale, start_error=start,
                       target_error=target, reference_s=t1, horizon_s=horizon, eval_every_s=horizon / cfg.evals,
-                      rows=rows, recommended=recommend(rows, cfg.tolerance), wall_s=time.perf_counter() - wall)
+                      rows=rows, recommended=recommend(rows, cfg.tolerance), wall_s=time.perf_counter() - wall,
+                      proxy_noise=proxy_noise, proxy_times=proxy_times)
 
 
 # ---------------------------------------------------------------------- what it prints
@@ -284,6 +331,21 @@ def yaml_snippet(res: PlanResult) -> str:
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110).rstrip()
 
 
+def gain_line(res: PlanResult) -> str:
+    """Which gain from more samples per second the times carry: the proxy's own, or the user's noise scale's."""
+    cfg = res.config
+    if cfg.noise_scale is None or res.proxy_noise is None:
+        return ("gain from more agents: the PROXY's own (its gradient noise scale, not your task's); give your job "
+                "(mpca plan -c JOB.yaml) to measure your task's with a pilot, or --noise-scale B")
+    ks = [k for k in cfg.agents if k > 1]
+    factors = ", ".join(f"K={k}: /{noise_factor(cfg.noise_scale, res.proxy_noise.b_simple, cfg.batch_size, k):.2f}"
+                        for k in ks)
+    return (f"gain from more agents: YOUR task's gradient noise scale B = {cfg.noise_scale:.3g} against the proxy's "
+            f"B = {res.proxy_noise.b_simple:.3g} (after {res.proxy_noise.steps} pilot steps at batch "
+            f"{cfg.batch_size}); each simulated time divided by the ratio of their ceilings (1 + B/b)/(1 + B/(Kb)) "
+            f"(McCandlish et al. 2018): {factors}")
+
+
 def assumptions(res: PlanResult) -> List[str]:
     cfg = res.config
     lo = min([k for k in cfg.agents if k > 1] or cfg.agents)
@@ -309,11 +371,13 @@ def assumptions(res: PlanResult) -> List[str]:
          f"in steps (SparkNet's 1:5 rule): r = {exchange_ratio(cfg, lo):.3g} at K = {lo}, "
          f"{exchange_ratio(cfg, max(cfg.agents)):.3g} at K = {max(cfg.agents)}") if cfg.periods == "rule-of-five"
         else "periods: the library's defaults (sync 50, diloco 50, easgd 10) unless you set them",
+        gain_line(res),
         "recommended: the fewest agents within "
         f"{cfg.tolerance:.0%} of the fastest prediction",
         "not modelled: " + "; ".join(NOT_MODELLED),
     ]
 
 
-__all__ = ["DEFAULT_ALGORITHMS", "PlanConfig", "PlanResult", "algorithm_at", "assumptions", "exchange_ratio", "plan", "recommend", "settings_label",
+__all__ = ["DEFAULT_ALGORITHMS", "PlanConfig", "PlanResult", "algorithm_at", "assumptions", "corrected",
+           "exchange_ratio", "gain_line", "noise_factor", "plan", "proxy_noise_scale", "recommend", "settings_label",
            "table", "yaml_snippet"]

@@ -21,13 +21,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", help="package.module:factory returning your torch.nn.Module")
     model.add_argument("--parameters", type=int, help="your model's parameter count (the teacher MLP sized to it)")
+    model.add_argument("-c", "--config", help="your job's YAML (as mpca train -c): its model, optimizer and batch size, "
+                       "and a pilot on a sample of its rows that measures your task's gradient noise scale")
     step = p.add_mutually_exclusive_group(required=True)
     step.add_argument("--step-s", type=float, help="device time of one training step (s)")
     step.add_argument("--measure", action="store_true", help="time a few steps of the model on this host (CPU "
                       "time on one core)")
     p.add_argument("--input-shape", default="", help="one sample's shape for --measure, e.g. 3,32,32 "
                    "(default: from the first Linear or Conv layer)")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=None, help="one agent's batch (default: the job's with -c, "
+                   "else 64)")
+    p.add_argument("--noise-scale", type=float, default=None, help="your task's gradient noise scale B in samples, "
+                   "if you know it (-c measures it): corrects the proxy's gain from more agents")
+    p.add_argument("--pilot-steps", type=int, default=None, help="training steps before a noise scale is measured "
+                   "(default: mpca.sim.noise.PILOT_STEPS)")
     p.add_argument("--link", default="1gbit", help="every host's port: 100mbit, 1gbit, 10gbit")
     p.add_argument("--agents", default="1,2,4,8,16", help="agent counts to try")
     p.add_argument("--algorithms", default="", help="comma-separated (default: mpca.sim.plan.DEFAULT_ALGORITHMS, "
@@ -69,13 +76,36 @@ def _proxy_hidden(args) -> tuple:
     return _ints(args.proxy_hidden, "--proxy-hidden")
 
 
+def job_noise_scale(job, batch: int, steps: int):
+    """The user's gradient noise scale: a pilot of the job's model and optimizer on a sample of its rows."""
+    from mpca.data.sample import local_sample
+    from mpca.models import training_functions
+    from mpca.sim.noise import pilot
+
+    model_fn, loss_fn, optimizer_fn = training_functions(job.model, job.optimizer)
+    x, y = local_sample(job.data)
+    model = model_fn()
+    return pilot(model, loss_fn, optimizer_fn(model.parameters()), x, y, batch, steps)
+
+
 def config_from(args) -> tuple:
-    """(PlanConfig, a line describing the model and its step time); every mistake as one UserError line."""
+    """(PlanConfig, lines describing the model, its step time and the task's noise scale); every mistake as one
+    UserError line."""
     from mpca.sim.measure import exchanged_values, load_model, measure_step_s, teacher_hidden_for, teacher_mlp_for
+    from mpca.sim.noise import PILOT_STEPS
     from mpca.sim.plan import PlanConfig
 
+    job, noise, lines = None, args.noise_scale, []
+    steps = PILOT_STEPS if args.pilot_steps is None else args.pilot_steps
     try:
-        if args.model:
+        if args.config:
+            from mpca.config import load_config
+            from mpca.models import training_functions
+
+            job = load_config([args.config])
+            model = training_functions(job.model, job.optimizer)[0]()
+            n, what = exchanged_values(model), f"{args.config} ({job.model.name})"
+        elif args.model:
             model = load_model(args.model)
             n, what = exchanged_values(model), f"{args.model}"
         else:
@@ -84,15 +114,26 @@ def config_from(args) -> tuple:
             model = teacher_mlp_for(args.parameters) if args.measure else None
             h = teacher_hidden_for(args.parameters)
             n, what = args.parameters, f"--parameters {args.parameters:,} (measured as the teacher MLP 64-{h}-{h}-10)"
+        batch = args.batch_size or (job.training.batch_size if job is not None else 64)
         if args.measure:
-            step = measure_step_s(model, _ints(args.input_shape, "--input-shape") or None, args.batch_size)
-            how = f"measured on this host: CPU time on one core, the fastest of 10 steps at batch {args.batch_size}"
+            shape = _ints(args.input_shape, "--input-shape") or (tuple(job.data.input_shape) if job else None)
+            step = measure_step_s(model, shape, batch)
+            how = f"measured on this host: CPU time on one core, the fastest of 10 steps at batch {batch}"
         else:
             step, how = args.step_s, "given"
+        lines.append(f"model: {what}, {n:,} values exchanged; step {step * 1e3:.3g} ms ({how})")
+        if job is not None and noise is None:
+            measured = job_noise_scale(job, batch, steps)
+            noise = measured.b_simple
+            lines.append(f"your task's gradient noise scale (pilot on {job.data.dataset or job.data.path}): "
+                         f"{measured.describe()}, {measured.wall_s:.0f} s")
+        elif noise is not None:
+            lines.append(f"your task's gradient noise scale: B = {noise:.3g} samples (given)")
         chosen = tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
         cfg = PlanConfig(parameters=n, step_s=step, link_bps=parse_rate(args.link, "plan"), agents=_ints(args.agents, "--agents"),
                          **({"algorithms": chosen} if chosen else {}),
-                         settings=parse_overrides(args.overrides), wire=args.wire, batch_size=args.batch_size,
+                         settings=parse_overrides(args.overrides), wire=args.wire, batch_size=batch,
+                         noise_scale=noise, pilot_steps=steps,
                          speeds=parse_speeds(args.speeds), reduction=args.reduction, target_error=args.target_error, tolerance=args.tolerance,
                          seeds=args.seeds, periods=args.periods, proxy_hidden=_proxy_hidden(args),
                          exchange_cpu_s_per_mb=args.exchange_cpu, host_cores=args.host_cores)
@@ -104,7 +145,7 @@ def config_from(args) -> tuple:
         raise
     except ValueError as e:
         raise UserError(f"plan: {str(e).splitlines()[0]}") from None
-    return cfg, f"model: {what}, {n:,} values exchanged; step {step * 1e3:.3g} ms ({how})"
+    return cfg, "\n".join(lines)
 
 
 def run(args) -> int:
