@@ -256,6 +256,9 @@ class CheckpointSection(_Strict):
         return self
 
 
+TASK_TIMEOUT_S = 120.0  # cluster.task_timeout_s's default, the one spelling of it in the runtime
+
+
 class ClusterSection(_Strict):
     master: str = Field("existing", description="local-cluster[K,C,MB] or 'existing' (the active session)")
     executor_wait_s: float = Field(60.0, gt=0, description="seconds to wait for executors with room for the agents "
@@ -281,6 +284,8 @@ class ClusterSection(_Strict):
         "contribution into the driver) or scatter (a reduce-scatter over the executors in a shuffle: each "
         "executor's port carries most of a shard, the driver's one shard instead of K; costs a second stage, "
         "which waits for a task slot)")
+    task_timeout_s: float = Field(TASK_TIMEOUT_S, gt=0, description="how long an exchange task waits for its agent's "
+                                  "answer (a round's end included) before it fails and Spark retries it")
     conf: Dict[str, str] = Field(default_factory=dict)
 
     @field_validator("gpus")

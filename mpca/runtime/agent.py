@@ -25,7 +25,7 @@ import torch
 
 from mpca.algorithm import AgentContext, AgentRule, Algorithm, ShardLayout, build_algorithm
 from mpca.algorithm.wire import Codec, ErrorFeedback
-from mpca.config import DataSection, TrainingSection, WireSection
+from mpca.config import TASK_TIMEOUT_S, DataSection, TrainingSection, WireSection
 from mpca.data.arrow import UnreadableRows
 from mpca.data.checks import found_in_agent, label_counts, labels_problem, unreadable
 from mpca.data.stream import ramp_rows
@@ -557,7 +557,7 @@ class Agent:
             if self.joining:  # nothing of its own to give yet
                 vec = torch.zeros(self.spec.layout.shard_numel(s), dtype=self.spec.layout.wire_dtype)
                 return self.report(weight=0.0).to_dict(), vec.numpy().tobytes()
-            self.rule.yield_ready(s, params, float(header.get("timeout_s", 120.0)))
+            self.rule.yield_ready(s, params, float(header.get("timeout_s", TASK_TIMEOUT_S)))
             with self._served():  # materialize the shard between two steps
                 self._settle(cycle, header.get("counted"))
                 vec, weight, extra = self.rule.contribution(s, params)

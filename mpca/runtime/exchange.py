@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from mpca.algorithm.wire import Codec
+from mpca.config import TASK_TIMEOUT_S
 from mpca.exchange.partials import contribution
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError
@@ -52,7 +53,7 @@ class ExchangePlan:
     params: Optional[Dict[str, Any]] = None  # the algorithm's cycle parameters (JSON), sent with deliver and yield
     codec: Codec = Codec()  # the wire format of shards going up and down (fp32: the layout's wire dtype)
     reduce_numel: int = 0  # values of the reduced shard (to decode a lossy contribution)
-    timeout_s: float = 120.0
+    timeout_s: float = TASK_TIMEOUT_S  # cluster.task_timeout_s
     wait_for_agent_s: float = 0.0  # how long to wait for an agent socket to appear (agents still starting)
     agent_wait_s: float = 10.0  # how long a silent agent may keep a task waiting (cluster.agent_wait_s)
     only_agents: Optional[Tuple[int, ...]] = None  # claim only these agents (None: any of the run)

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Dict, Sequence
 
 from mpca.algorithm.wire import Codec
+from mpca.config import TASK_TIMEOUT_S
 from mpca.runtime import scatter
 from mpca.runtime.exchange import ExchangePlan, exchange_partition
 from mpca.runtime.record import ExchangeRecord, merge_records
@@ -20,7 +21,7 @@ PARTIAL_OPS = ("reduce", "cycle")  # the plans whose tasks carry a partial sum o
 
 class ExchangeJobs:
     def __init__(self, sc, run_id: str, secret: bytes, roster: AgentRoster, codec: Codec, executors: int = 1,
-                 task_timeout_s: float = 120.0, reduce: str = "tree"):
+                 task_timeout_s: float = TASK_TIMEOUT_S, reduce: str = "tree"):
         self.sc = sc
         self.run_id = run_id
         self.secret = secret

@@ -38,12 +38,13 @@ import torch
 
 from mpca.algorithm import Algorithm, DriverRule, WeightedSum
 from mpca.algorithm.wire import Codec
+from mpca.config import TASK_TIMEOUT_S
 from mpca.errors import RunFailedError, UserError
+from mpca.exchange.partials import Partial, combine, decoded, driver_sum
 from mpca.runtime.broadcasts import Broadcasts
 from mpca.runtime.exchange import ExchangePlan
 from mpca.runtime.jobs import ExchangeJobs
 from mpca.runtime.layout import ExchangeLayout
-from mpca.exchange.partials import Partial, combine, decoded, driver_sum
 from mpca.runtime.record import ExchangeRecord
 from mpca.runtime.reports import AgentReport
 from mpca.runtime.roster import AgentRoster
@@ -87,7 +88,7 @@ class ExchangePipeline:
                  codec: Codec, timeline: Optional[Timeline] = None, *, executors: int = 1,
                  observe: Optional[Callable[[float], Tuple[Dict[int, AgentReport], List[int]]]] = None,
                  silent: Optional[Callable[[float], List[int]]] = None,
-                 split_tasks: bool = False, task_timeout_s: float = 120.0, exchange_jobs: str = "auto",
+                 split_tasks: bool = False, task_timeout_s: float = TASK_TIMEOUT_S, exchange_jobs: str = "auto",
                  reduce: str = "tree"):
         self.rule = rule
         self.exchange = algorithm.exchange

@@ -86,7 +86,7 @@ class AgentRun:
                                          silent=self.service.silent if serves else None,
                                          split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2,
                                          exchange_jobs=settings.cluster.exchange_jobs,
-                                         reduce=settings.cluster.reduce)
+                                         reduce=settings.cluster.reduce, task_timeout_s=settings.cluster.task_timeout_s)
         self.pipeline.restore_pending(pending)
         self._restore_wire(wire_state)
         self._train_df = train_df
