@@ -4,4 +4,6 @@ Spark, no sockets and no clock of its own.
 
 - :mod:`mpca.exchange.partials`: the partial sums of Eq. 9 a reduction carries, how two combine, and the sum the
   driver rule takes (decoded, finite).
+- :mod:`mpca.exchange.agent_step`: an agent's training step with its rule's hooks in order, and its contribution
+  as it goes on the wire (finite, encoded with error feedback).
 """

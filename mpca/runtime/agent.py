@@ -29,6 +29,7 @@ from mpca.config import TASK_TIMEOUT_S, DataSection, TrainingSection, WireSectio
 from mpca.data.arrow import UnreadableRows
 from mpca.data.checks import found_in_agent, label_counts, labels_problem, unreadable
 from mpca.data.stream import ramp_rows
+from mpca.exchange.agent_step import finite, forward_backward, optimizer_step, wire_bytes
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError, listen
 from mpca.runtime.cluster import visible_gpus
@@ -394,15 +395,11 @@ class Agent:
         while self._waiting:  # a request of the exchange is waiting for the lock: let it in first
             time.sleep(0.0002)
         with self.lock:
-            self.rule.before_step()
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = self.spec.loss_fn(self.model(x), y)
-            loss.backward()
+            loss = forward_backward(self.rule, self.model, self.optimizer, self.spec.loss_fn, x, y)
             t = time.perf_counter()
             self.rule.after_backward()  # e.g. DDP's all-reduce
             self.exchange_s += time.perf_counter() - t
-            self.optimizer.step()
-            self.rule.after_step()
+            optimizer_step(self.rule, self.optimizer)
             self.steps += 1
             self.samples += int(x.shape[0])
             if self.steps % 10 == 0 or self.steps == 1:  # every 10 steps (a device sync), and the first one
@@ -567,15 +564,15 @@ class Agent:
                         self._unsettled.pop(min(self._unsettled))
                 counters = self._counters()
                 resets = self.resets
-            if not bool(torch.isfinite(vec).all()):  # never let NaN/Inf reach the joint model (checked unlocked)
+            vec, weight, ok = finite(vec, weight)  # never let NaN/Inf reach the joint model (checked unlocked)
+            if not ok:
                 with self._served():
                     if self.resets == resets:  # not already reset since the read (the step loop checks too)
                         self._reset(f"non-finite values in shard {s}")
-                vec, weight = torch.zeros_like(vec), 0.0
-            rep = self.report(weight=float(weight), extra=extra, **{k: counters[k] for k in
-                                                                  ("steps_per_s", "loss", "exchange_s", "alive_s",
-                                                                   *DeviceClock.FIELDS)})
-            return rep.to_dict(), self.feedback.encode(s, vec.numpy()) if weight > 0 else vec.numpy().tobytes()
+            rep = self.report(weight=weight, extra=extra, **{k: counters[k] for k in
+                                                           ("steps_per_s", "loss", "exchange_s", "alive_s",
+                                                            *DeviceClock.FIELDS)})
+            return rep.to_dict(), wire_bytes(self.feedback, s, vec, weight)
         if op == "stop":
             self.stop_requested = True
             return {"ok": True, **self.report().to_dict()}, None

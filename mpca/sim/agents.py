@@ -8,12 +8,12 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, Optional
 
-import numpy as np
 import torch
 
 from mpca.algorithm.base import AgentContext, AgentRule, Algorithm
 from mpca.algorithm.sharding import ShardLayout
 from mpca.algorithm.wire import Codec, ErrorFeedback
+from mpca.exchange.agent_step import finite, forward_backward, optimizer_step, wire_bytes
 
 
 class BatchOrder:
@@ -77,17 +77,12 @@ class SimAgent:
         """before_step, zero_grad, forward and backward on the next batch; (batch size, loss)."""
         idx = self.batches.next()
         x, y = self.features[idx], self.labels[idx]
-        self.rule.before_step()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model(x), y)
-        loss.backward()
-        return int(x.shape[0]), loss
+        return int(x.shape[0]), forward_backward(self.rule, self.model, self.optimizer, self.loss_fn, x, y)
 
     def apply_step(self, batch: tuple) -> None:
         """The optimizer's step, after_step, the counters."""
         size, loss = batch
-        self.optimizer.step()
-        self.rule.after_step()
+        optimizer_step(self.rule, self.optimizer)
         self.steps += 1
         self.samples += size
         if self.steps % 10 == 0:
@@ -97,8 +92,5 @@ class SimAgent:
         """The rule's contribution as it goes on the wire: (payload bytes, weight, extra); a non-finite vector
         goes up with weight 0, as the runtime's agent sends it."""
         vec, weight, extra = self.rule.contribution(shard, params)
-        if not bool(torch.isfinite(vec).all()):
-            vec, weight = torch.zeros_like(vec), 0.0
-        data = self.feedback.encode(shard, vec.numpy()) if weight > 0 else \
-            np.ascontiguousarray(vec.numpy()).tobytes()
-        return data, float(weight), extra
+        vec, weight, _ = finite(vec, weight)
+        return wire_bytes(self.feedback, shard, vec, weight), weight, extra

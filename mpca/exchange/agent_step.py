@@ -1,0 +1,50 @@
+"""An agent's training step with its rule's hooks, and its contribution as it goes on the wire — the sequence the
+runtime's agent (:class:`mpca.runtime.agent.Agent`) and the simulator's (:class:`mpca.sim.agents.SimAgent`) both
+run, written once.
+
+A step: ``before_step``, zero_grad, forward and backward (:func:`forward_backward`); ``after_backward`` (DDP's
+all-reduce: each driver calls it, the runtime timing it as exchange time, the simulator charging the all-reduce
+on its clock); the optimizer's step and ``after_step`` (:func:`optimizer_step`)."""
+from __future__ import annotations
+
+from typing import Callable, Tuple
+
+import numpy as np
+import torch
+
+from mpca.algorithm.base import AgentRule
+from mpca.algorithm.wire import ErrorFeedback
+
+
+def forward_backward(rule: AgentRule, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable,
+                     x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """before_step, zero_grad, forward and backward on one batch; the loss (not read back: a device sync)."""
+    rule.before_step()
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    return loss
+
+
+def optimizer_step(rule: AgentRule, optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer's step, then after_step (e.g. MPCA's pull toward x̂*, Eq. 7)."""
+    optimizer.step()
+    rule.after_step()
+
+
+def finite(vec: torch.Tensor, weight: float) -> Tuple[torch.Tensor, float, bool]:
+    """A contribution that never lets NaN/Inf reach the joint model: a non-finite vector goes up as zeros with
+    weight 0; (vector, weight, whether it was finite)."""
+    if bool(torch.isfinite(vec).all()):
+        return vec, float(weight), True
+    return torch.zeros_like(vec), 0.0, False
+
+
+def wire_bytes(feedback: ErrorFeedback, shard: int, vec: torch.Tensor, weight: float) -> bytes:
+    """The contribution's payload: encoded with the agent's error feedback (lossy formats keep the residual) when it
+    carries weight, the raw values otherwise (nothing to add: no residual is spent)."""
+    values = vec.numpy()
+    return feedback.encode(shard, values) if weight > 0 else np.ascontiguousarray(values).tobytes()
+
+
+__all__ = ["finite", "forward_backward", "optimizer_step", "wire_bytes"]
