@@ -6,4 +6,6 @@ Spark, no sockets and no clock of its own.
   driver rule takes (decoded, finite).
 - :mod:`mpca.exchange.agent_step`: an agent's training step with its rule's hooks in order, and its contribution
   as it goes on the wire (finite, encoded with error feedback).
+- :mod:`mpca.exchange.service`: the parameter service's handling of one request (decode, refuse NaN/Inf, the
+  rule's ``serve``, the answer encoded with the driver's error feedback per agent).
 """

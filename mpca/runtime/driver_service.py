@@ -16,6 +16,7 @@ import torch
 
 from mpca.algorithm import DriverRule, WeightedSum
 from mpca.algorithm.wire import Codec, ErrorFeedback
+from mpca.exchange.service import serve
 from mpca.runtime.reports import AgentReport
 from mpca.runtime.service import ParameterService
 
@@ -81,14 +82,9 @@ class DriverService:
                 if self.observed or int(header.get("attempt", 1)) > 0 or header.get("rebuilt_other"):
                     self.joins[agent] = self.joins.get(agent, 0) + 1
             return {"ok": True, "n": vec.numel()}, data
-        n = int(header.get("n", len(payload) // np.dtype(self.codec.dtype).itemsize))
-        vec = torch.from_numpy(self.codec.decode(payload, n))
-        if not bool(torch.isfinite(vec).all()):
-            raise ValueError(f"agent {agent} sent NaN/Inf; refused (the joint model stays finite)")
-        reply, out = self.rule.serve(agent, header, vec)
+        reply, data = serve(self.rule, self.codec, self.feedback, agent, header, payload)
         if agent in self.leaving:
             reply = {**reply, "leave": True}  # it exchanges once more (hands in), then stops
-        data = None if out is None else self.feedback.encode(agent, out.numpy())
         with self.cond:
             self.reports[agent] = AgentReport.from_dict({**header, "agent": agent})
             self.requests[agent] = self.requests.get(agent, 0) + 1
@@ -96,7 +92,7 @@ class DriverService:
             self.bytes_in += len(payload)
             self.bytes_out += 0 if data is None else len(data)
             self.cond.notify_all()
-        return ({**reply, "n": out.numel()} if out is not None else reply), data
+        return reply, data
 
     def _contributions(self, agent: int, header: dict, payload: bytearray) -> List[Tuple[int, int, WeightedSum, dict]]:
         """A leaving agent's last contributions: one exact vector per shard in ``shards``, weighted by ``weights``

@@ -5,18 +5,17 @@ the request through the driver's port (FIFO), the service's overhead, the answer
 exchange's CPU for both messages when the constants model it (:func:`~mpca.sim.network.exchange_cpu_time`).
 
 The payload travels as the runtime's does (:mod:`mpca.runtime.driver_service`): the agent's rule encoded it in
-the run's wire format with its error feedback (``ServiceAgent.call_service``); here it is decoded, checked
-finite, served, and the answer encoded with the driver's error feedback per agent.  Requests are served in the
+the run's wire format with its error feedback (``ServiceAgent.call_service``); here the exchange core's
+:func:`~mpca.exchange.service.serve` decodes it, checks it finite, serves it and encodes the answer with the
+driver's error feedback per agent, as the runtime's service does.  Requests are served in the
 order agents send them, which is their arrival order at a FIFO port fed at equal sizes."""
 from __future__ import annotations
 
 from typing import Callable, Tuple
 
-import numpy as np
-import torch
-
 from mpca.algorithm.base import DriverRule
 from mpca.algorithm.wire import Codec, ErrorFeedback
+from mpca.exchange.service import serve
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.network import DriverPort, exchange_cpu_time
 
@@ -35,19 +34,15 @@ class SimServiceClient:
 
     def request(self, header: dict, payload=None) -> Tuple[dict, bytes]:
         t = self.now() + self.charged_s
-        data = bytes(payload or b"")
-        arrived = self.port.receive(t, len(data))
-        n = int(header.get("n", len(data) // np.dtype(self.codec.dtype).itemsize))
-        vec = torch.from_numpy(self.codec.decode(data, n))
-        if not bool(torch.isfinite(vec).all()):
-            raise ValueError(f"agent {self.agent} sent NaN/Inf; refused (the joint model stays finite)")
-        reply, out = self.rule.serve(self.agent, header, vec)
-        answer = b"" if out is None else self.answers.encode(self.agent, out.numpy())
+        size = len(payload or b"")
+        arrived = self.port.receive(t, size)
+        reply, answer = serve(self.rule, self.codec, self.answers, self.agent, header, payload)
+        answer = answer or b""
         done = self.port.send(arrived + self.net.service_overhead_s, len(answer))
-        done += exchange_cpu_time(1, len(data) + len(answer), self.net)  # the caller's messages, both ways
+        done += exchange_cpu_time(1, size + len(answer), self.net)  # the caller's messages, both ways
         self.charged_s += done - t
         self.requests += 1
-        return ({**reply, "n": out.numel()} if out is not None else reply), answer
+        return reply, answer
 
     def take_charge(self) -> float:
         c, self.charged_s = self.charged_s, 0.0

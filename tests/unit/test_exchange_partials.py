@@ -60,6 +60,7 @@ def _sources():
     (r"isfinite\(.*total", "the driver's finite check of a reduction"),
     (r"rule\.before_step\(\)|rule\.after_step\(\)", "the step's hooks in order"),
     (r"encode\(.*if weight > 0 else", "a contribution encoded for the wire"),
+    (r"rule\.serve\(", "the parameter service's handling of a request"),
 ])
 def test_no_driver_keeps_a_twin_of_the_core(pattern, what):
     """The runtime and the simulator use mpca.exchange.partials; a copy of it in either goes red here."""
