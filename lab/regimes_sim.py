@@ -24,7 +24,7 @@ from mpca.bench.regimes import regime
 from mpca.bench.tuning import at_best, beyond, grid
 from mpca.sim.command import parse_rate
 from mpca.sim.constants import NetworkConstants
-from mpca.sim.compute import ComputeModel
+from mpca.exchange.device import ComputeModel
 from mpca.sim.grid import crossing_time
 from mpca.sim.simulator import SimConfig, Simulator
 from mpca.sim.workload import TeacherWorkload

@@ -27,7 +27,7 @@ import torch
 
 from mpca.sim import NetworkConstants, SimConfig, Simulator
 from mpca.sim.command import parse_rate
-from mpca.sim.compute import ComputeModel
+from mpca.exchange.device import ComputeModel
 from mpca.sim.grid import mean_metric, split_rows
 from mpca.sim.workload import TeacherWorkload
 

@@ -47,7 +47,7 @@ from lab.regimes_sim import TARGETS
 from mpca.algorithm.registry import build as build_algorithm
 from mpca.bench.regimes import regime
 from mpca.sim.command import parse_rate
-from mpca.sim.compute import ComputeModel
+from mpca.exchange.device import ComputeModel
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.simulator import SimConfig, Simulator
 from mpca.sim.workload import TeacherWorkload

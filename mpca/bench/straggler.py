@@ -6,7 +6,7 @@ would (``speed = 0.5``: half speed).  The driver and every other agent get the o
 
 With emulated devices (``training.device_step_s`` = T) the straggler is a slower device instead
 (:func:`straggle` sets ``training.device_speed``; the agent waits out T / speed per step, see
-:class:`mpca.runtime.agent.DeviceClock`) and the optimizer is left alone — a sleeping optimizer would count
+:class:`mpca.exchange.device.DeviceClock`) and the optimizer is left alone — a sleeping optimizer would count
 as the step's compute, make every step late and be absorbed by the padding (the agent would not be slowed).
 """
 from __future__ import annotations

@@ -30,6 +30,7 @@ from mpca.data.arrow import UnreadableRows
 from mpca.data.checks import found_in_agent, label_counts, labels_problem, unreadable
 from mpca.data.stream import ramp_rows
 from mpca.exchange.agent_step import finite, forward_backward, optimizer_step, wire_bytes
+from mpca.exchange.device import ComputeModel, DeviceClock
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError, listen
 from mpca.runtime.cluster import visible_gpus
@@ -92,45 +93,6 @@ class LeaveOnRequest:
 
     def close(self) -> None:
         self.client.close()
-
-
-class DeviceClock:
-    """Each training step's real compute time and CPU, and — with ``step_s`` set — an emulated accelerator:
-    the real step runs, then the training loop waits out the rest of ``step_s``, so every step takes that
-    wall time whatever the host's CPU does (the same for every algorithm).  Time the step spent in the
-    rule's communicating hooks (DDP's all-reduce) is not compute: it comes on top, as on a real device.
-
-    The wait happens outside the step lock, so an exchange request is served during it at once (a real
-    device would make it wait for the step in flight at most).  A step whose real compute exceeds
-    ``step_s`` is counted ``late``: the emulation does not hold for it."""
-
-    FIELDS = ("compute_s", "cpu_s", "device_idle_s", "late_steps")
-
-    def __init__(self, step_s: Optional[float] = None, sleep=time.sleep):
-        self.step_s, self._sleep = step_s, sleep
-        self.compute_s = 0.0  # wall time of the real steps (hooks' exchange time excluded)
-        self.cpu_s = 0.0  # this process's CPU time during them
-        self.device_idle_s = 0.0  # waited out to make each step take step_s
-        self.late_steps = 0
-
-    def start(self, exchange_s: float) -> tuple:
-        return time.perf_counter(), time.process_time(), exchange_s
-
-    def finish(self, started: tuple, exchange_s: float) -> None:
-        wall0, cpu0, exchange0 = started
-        compute = time.perf_counter() - wall0 - (exchange_s - exchange0)
-        self.compute_s += compute
-        self.cpu_s += time.process_time() - cpu0
-        if self.step_s is None:
-            return
-        if compute > self.step_s:
-            self.late_steps += 1
-        else:
-            self._sleep(self.step_s - compute)
-            self.device_idle_s += self.step_s - compute
-
-    def counters(self) -> Dict[str, float]:
-        return {k: getattr(self, k) for k in self.FIELDS}
 
 
 def choose_device(gpu_addresses: List[str]) -> torch.device:
@@ -275,10 +237,10 @@ class Agent:
 
     def _device_step_s(self, training: TrainingSection) -> Optional[float]:
         """The emulated device's step time: T (``training.device_step_s``), or T / speed for an agent whose
-        device is slower (``training.device_speed``, a benchmark's straggler)."""
+        device is slower (``training.device_speed``, a benchmark's straggler), as the simulator's clocks take it."""
         if training.device_step_s is None:
             return None
-        return training.device_step_s / training.device_speed.get(self.id, 1.0)
+        return ComputeModel(step_s=training.device_step_s, speeds=dict(training.device_speed)).clock(self.id).mean
 
     def train_forever(self) -> None:
         if self.error:  # its rows were refused: it answers until stopped, so that the driver says why

@@ -32,7 +32,7 @@ class AgentReport:
     loss: Optional[float] = None
     exchange_s: Optional[float] = None  # time its training loop spent waiting in exchange hooks
     alive_s: Optional[float] = None  # time since it started training
-    compute_s: Optional[float] = None  # wall time of its real training steps (runtime.agent.DeviceClock)
+    compute_s: Optional[float] = None  # wall time of its real training steps (exchange.device.DeviceClock)
     cpu_s: Optional[float] = None  # its process's CPU time during them
     device_idle_s: Optional[float] = None  # waited out by an emulated device (training.device_step_s)
     late_steps: Optional[int] = None  # steps whose real compute took longer than the emulated device step

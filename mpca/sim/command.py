@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 from pydantic import ValidationError
 
 from mpca.errors import UserError
-from mpca.sim.compute import ComputeModel
+from mpca.exchange.device import ComputeModel
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.presence import Absence
 

@@ -43,7 +43,7 @@ from mpca.algorithm.base import Algorithm
 from mpca.algorithm.registry import build as build_algorithm
 from mpca.algorithm.sharding import ShardLayout
 from mpca.algorithm.wire import DEFAULT_BLOCK, Codec, WireFormat
-from mpca.sim.compute import ComputeModel
+from mpca.exchange.device import ComputeModel
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.grid import GridRow, crossing_time, run_cell, split_rows
 from mpca.sim.network import cycle_time, scaled_for_bytes

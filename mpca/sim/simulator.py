@@ -8,7 +8,7 @@ Each agent really trains its own model copy on its own rows (:mod:`mpca.sim.work
 * a step's hooks run at the step's start time (before_step … after_step, :meth:`SimAgent.step`) and its effects
   are visible from then on, as under the runtime's emulated devices (the real compute runs, then the agent waits
   out the device time outside its step lock); ``between_steps`` comes one device step time later
-  (:mod:`mpca.sim.compute`) plus whatever the step's service calls took;
+  (:mod:`mpca.exchange.device`) plus whatever the step's service calls took;
 * an agent whose rule is ``waiting()`` (a finished synchronous round, :class:`~mpca.algorithm.rounds.RoundAgent`)
   is parked instead of calling the blocking ``between_steps``, and steps again when a delivery ends the wait;
 * ``exchange = "cycle"``: the driver's pipeline in virtual time (:mod:`mpca.sim.cycles`); a rule's
@@ -49,7 +49,7 @@ from mpca.algorithm.wire import Codec, ErrorFeedback, WireFormat
 from mpca.evaluation import evaluate
 from mpca.sim.agents import SimAgent
 from mpca.sim.clock import VirtualClock
-from mpca.sim.compute import ComputeModel
+from mpca.exchange.device import ComputeModel
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.cycles import VirtualPipeline
 from mpca.sim.network import DriverPort, ring_allreduce_bytes, ring_allreduce_time

@@ -389,7 +389,7 @@ def test_a_straggler_on_an_emulated_device_takes_t_over_speed_per_step():
 
 
 def test_device_clock_counts_late_steps_and_leaves_hook_time_out_of_compute():
-    from mpca.runtime.agent import DeviceClock
+    from mpca.exchange.device import DeviceClock
 
     slept = []
     clock = DeviceClock(0.05, sleep=slept.append)

@@ -8,7 +8,7 @@ from mpca.algorithm.sync import SyncDriver
 from mpca.algorithm.wire import Codec
 from mpca.sim import NetworkConstants, SimConfig, Simulator, simulate
 from mpca.sim.clock import VirtualClock
-from mpca.sim.compute import ComputeModel
+from mpca.exchange.device import ComputeModel
 from mpca.sim.workload import TeacherWorkload
 
 TINY = TeacherWorkload(hidden=(16,), rows_per_agent=256, holdout=256, optimizer="sgd", lr=0.1)

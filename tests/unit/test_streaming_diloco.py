@@ -151,7 +151,7 @@ def test_streaming_diloco_sends_four_bit_outer_gradients_with_error_feedback_unl
 # --------------------------------------------------------------------------- DiLoCo as a special case
 def test_with_one_fragment_no_overlap_alpha_one_and_fp32_it_is_diloco_bit_for_bit():
     from mpca.sim import NetworkConstants, SimConfig, Simulator
-    from mpca.sim.compute import ComputeModel
+    from mpca.exchange.device import ComputeModel
     from mpca.sim.workload import TeacherWorkload
 
     work = TeacherWorkload(hidden=(16,), rows_per_agent=256, holdout=256, optimizer="adam", lr=0.01)
