@@ -5,7 +5,7 @@
 Uses the Spark master of ``$MPCA_SPARK_MASTER`` (inside ``python -m lab.netcluster``) or a
 local-cluster with 3 task slots per executor.  Prints one JSON line per exchange cycle — when each agent's
 reduce task started and yielded, when the broadcast fetch on its executor started (Spark's own task events:
-launch + deserialization of the deliver task, :mod:`mpca.runtime.task_events`) and ended (the deliver
+launch + deserialization of the deliver task, :mod:`lab.task_events`) and ended (the deliver
 task's Python code started), when the shard was handed over, whether the reduce completed before the broadcast arrived, and inside the
 emulated cluster the driver link's utilisation each way (its interface counters) — then one summary line
 with B and R, the medians of jobs that only broadcast or only reduce one shard, and the cycle's ratio to
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     from mpca.config import settings_from
     from mpca.data.datasets import to_dataframe
     from mpca.runtime.run import AgentRun
-    from mpca.runtime.task_events import TaskEvents
+    from lab.task_events import TaskEvents
 
     spark = _session(args.agents)
     spark.sparkContext.setLogLevel("ERROR")

@@ -64,11 +64,11 @@ def test_with_one_exchange_slot_one_task_per_agent_can_do_both(spark):
 
 @pytest.mark.cluster(executors=2, cores=3)
 def test_spark_task_events_show_the_broadcast_fetch_and_the_reduce_at_work_inside_it(spark):
-    """A Python SparkListener (mpca.runtime.task_events) records each deliver task's launch and
+    """A Python SparkListener (lab.task_events) records each deliver task's launch and
     deserialization: the broadcast fetch on an executor starts there (Spark's clock) and ends when the task's
     Python code starts; the reduce task is at work inside that window (it began before the fetch ended and
     had not yielded before it began) in most cycles: the two shards' exchanges overlap."""
-    from mpca.runtime.task_events import TaskEvents
+    from lab.task_events import TaskEvents
 
     events = TaskEvents(spark.sparkContext)
     try:
