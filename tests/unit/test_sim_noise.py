@@ -146,3 +146,20 @@ def test_a_negative_noise_scale_is_one_line(capsys):
     assert main(["plan", "--parameters", "1000", "--step-s", "0.1", "--noise-scale", "-1"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "noise_scale" in err, err
+
+
+def test_the_command_with_a_job_prints_which_gain_it_used(tmp_path, capsys):
+    import json
+
+    job = tmp_path / "job.yaml"
+    job.write_text("data: {dataset: digits}\ntraining: {batch_size: 16}\n")
+    out = tmp_path / "plan.json"
+    code = main(["plan", "-q", "-c", str(job), "--step-s", "0.05", "--pilot-steps", "5", "--agents", "1,2",
+                 "--algorithms", "single,ddp", "--proxy-hidden", "16", "--reduction", "0.7", "--link", "10gbit",
+                 "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "gradient noise scale (pilot on digits)" in printed and "YOUR task's gradient noise scale" in printed
+    data = json.loads(out.read_text())
+    assert data["config"]["noise_scale"] > 0 and data["proxy_noise"]["steps"] == 5
+    assert set(data["proxy_times"]) == {"single@1", "ddp@2"}
