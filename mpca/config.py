@@ -240,6 +240,9 @@ class EvalSection(_Strict):
     metric: Literal["error", "loss"] = Field("error", description="what the progress, the plots, the target and "
                                              "the trackers follow: the holdout's classification error, or its "
                                              "loss (a language model's nats per token; bits beside it)")
+    calibration_rows: int = Field(512, ge=1, description="training rows the driver keeps to re-estimate BatchNorm "
+                                  "statistics before each score and the saved model (algorithm.buffers local or "
+                                  "recalibrate; every score passes them through the model once)")
 
 
 class CheckpointSection(_Strict):

@@ -26,7 +26,6 @@ from mpca.runtime.timeline import Timeline
 from mpca.stopping import LN2, StopRules, metric_column
 
 log = logging.getLogger("mpca.trainer")
-CALIBRATION_ROWS = 2048  # training rows the driver keeps for BatchNorm statistics (buffers local, recalibrate)
 
 
 @dataclass
@@ -148,9 +147,8 @@ class Trainer:
         from mpca.compat import take_arrow
         from mpca.data.checks import tensors
 
-        d = self.settings.data
-        return tensors(take_arrow(train_df.select(d.features, d.label), CALIBRATION_ROWS), d.features, d.label,
-                       d.input_shape)[0]
+        d, rows = self.settings.data, self.settings.eval.calibration_rows
+        return tensors(take_arrow(train_df.select(d.features, d.label), rows), d.features, d.label, d.input_shape)[0]
 
     def _restore(self, model, specs) -> tuple:
         """Apply init_from / resume to the driver's model; return the checkpoint resumed from (or None)."""

@@ -228,7 +228,6 @@ def test_the_first_rows_are_read_from_the_first_partition_only(spark):
     from mpca.compat import take_arrow
     from mpca.data.checks import check_dataframe
     from mpca.tracking import input_example
-    from mpca.trainer import CALIBRATION_ROWS
 
     rows = spark.range(0, 8000, numPartitions=4).selectExpr("array(cast(id as float), 1.0f) as features",
                                                             "cast(id % 3 as bigint) as label")
@@ -245,4 +244,4 @@ def test_the_first_rows_are_read_from_the_first_partition_only(spark):
     bn = lambda: torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))  # noqa: E731
     trainer = Trainer(bn, helpers.cross_entropy, helpers.adam, input_shape=(2,), buffers="local", spark=spark)
     calibration = trainer._calibration(bn(), rows.mapInArrow(helpers.only_partition_zero, rows.schema))
-    assert calibration.shape == (CALIBRATION_ROWS, 2) and calibration[7].tolist() == [7.0, 1.0]
+    assert calibration.shape == (trainer.settings.eval.calibration_rows, 2) and calibration[7].tolist() == [7.0, 1.0]
