@@ -4,7 +4,7 @@ itself; ``data.path`` in Parquet is read with pyarrow (its first rows); a catalo
 local reader, and the error says how to give the pilot a Parquet sample instead."""
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -42,6 +42,24 @@ def local_sample(d, rows: int = SAMPLE_ROWS) -> Tuple[torch.Tensor, torch.Tensor
     return tensors(table.slice(0, rows), d.features, d.label, d.input_shape)
 
 
+def local_holdout(d, rows: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """The job's own held-out rows where it has them (pytext's held-out files, ``data.holdout_path`` in Parquet),
+    at most ``rows``; None where the run splits its rows by hash (the caller sets a disjoint slice aside)."""
+    from mpca.data.checks import tensors
+
+    if d.dataset == "pytext":
+        from mpca.data.sources import text_corpus
+
+        table = text_corpus(d).table("holdout")
+    elif d.holdout_path is not None and d.format == "parquet" and not d.feature_columns:
+        table = _parquet_head(d.holdout_path, d.features, d.label, rows)
+    else:
+        return None
+    if table.num_rows == 0:
+        return None
+    return tensors(table.slice(0, rows), d.features, d.label, d.input_shape)
+
+
 def _parquet_head(path: str, features: str, label: str, rows: int):
     import pyarrow.dataset as ds
 
@@ -52,4 +70,4 @@ def _parquet_head(path: str, features: str, label: str, rows: int):
         raise UserError(f"plan: cannot read a sample of data.path {path!r} as Parquet: {first}") from None
 
 
-__all__ = ["SAMPLE_ROWS", "local_sample"]
+__all__ = ["SAMPLE_ROWS", "local_holdout", "local_sample"]

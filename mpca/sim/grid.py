@@ -5,7 +5,6 @@ at the base config's ``max_virtual_s``, the horizon).  A cell the algorithm refu
 ``rudra-softsync`` with n > K) is kept with the reason instead of a time, and so is a run that failed."""
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -13,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from mpca.algorithm.base import Algorithm
 from mpca.sim.simulator import SimConfig, Simulator
-from mpca.sim.workload import TeacherWorkload
+from mpca.sim.workload import Workload
 
 
 @dataclass
@@ -62,12 +61,10 @@ def mean_metric(history, name: str, weight: str) -> Optional[float]:
     return sum(v * w for v, w in pairs) / total if total else None
 
 
-def split_rows(work: TeacherWorkload, agents: int, rows_total: int) -> TeacherWorkload:
+def split_rows(work: Workload, agents: int, rows_total: int) -> Workload:
     """One data set of ``rows_total`` rows split evenly among the agents (as Spark partitions a table: K agents
-    see 1/K of it each), the holdout after it, the same for every K."""
-    if rows_total < agents:
-        raise ValueError(f"{rows_total} rows cannot be split among {agents} agents")
-    return dataclasses.replace(work, rows_per_agent=rows_total // agents, holdout_at=rows_total)
+    see 1/K of it each), one holdout for every K (the workload's ``split``)."""
+    return work.split(agents, rows_total)
 
 
 def run_cell(base: SimConfig, algorithm: Algorithm, agents: int, seeds: Sequence[int],

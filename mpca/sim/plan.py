@@ -49,7 +49,7 @@ from mpca.sim.grid import GridRow, crossing_time, run_cell, split_rows
 from mpca.sim.network import cycle_time, scaled_for_bytes
 from mpca.sim.noise import PILOT_STEPS, NoiseScale, ideal_speedup, pilot
 from mpca.sim.simulator import REFUSED, SimConfig, simulate
-from mpca.sim.workload import TeacherWorkload
+from mpca.sim.workload import SampleWorkload, TeacherWorkload, Workload
 
 DEFAULT_ALGORITHMS = ("single", "mpca", "sync", "diloco", "easgd", "ddp")
 KEY_SETTINGS = ("every", "shards", "n")
@@ -154,6 +154,7 @@ class PlanResult:
     wall_s: float = 0.0
     proxy_noise: Optional[NoiseScale] = None  # the proxy's noise scale, measured when the user's was given
     proxy_times: Dict[str, Optional[float]] = field(default_factory=dict)  # "algorithm@K": the uncorrected time
+    workload: Optional[Dict[str, Any]] = None  # the user's own task where it replaced the proxy (mpca plan -c)
 
     def speedup(self, row: GridRow) -> Optional[float]:
         return self.reference_s / row.time_s if row.time_s else None
@@ -223,24 +224,28 @@ def proxy_noise_scale(cfg: PlanConfig, work: TeacherWorkload) -> NoiseScale:
     return pilot(model, work.loss_fn, work.optimizer_fn(model.parameters()), x, y, cfg.batch_size, cfg.pilot_steps)
 
 
-def proxy_values(work: TeacherWorkload) -> int:
+def proxy_values(work: Workload) -> int:
     return ShardLayout.from_module(work.model_fn(), 1, "average").total_numel
 
 
-def plan(cfg: PlanConfig, progress: Optional[Callable[[GridRow], None]] = None) -> PlanResult:
+def plan(cfg: PlanConfig, progress: Optional[Callable[[GridRow], None]] = None,
+         workload: Optional[SampleWorkload] = None) -> PlanResult:
     """The reference run and the grid (module doc), with torch on one thread (restored after): the proxy's
-    steps are too small for threads to pay, and a busy host's cores make them wait."""
+    steps are too small for threads to pay, and a busy host's cores make them wait.  ``workload``: the user's own
+    model on a sample of the user's rows instead of the proxy (``mpca plan -c``): each cell is then a short
+    learning curve of the user's task, its transfers the model's own bytes."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _plan(cfg, progress)
+        return _plan(cfg, progress, workload)
     finally:
         torch.set_num_threads(threads)
 
 
-def _plan(cfg: PlanConfig, progress: Optional[Callable[[GridRow], None]]) -> PlanResult:
+def _plan(cfg: PlanConfig, progress: Optional[Callable[[GridRow], None]],
+          workload: Optional[SampleWorkload]) -> PlanResult:
     wall = time.perf_counter()
-    work = cfg.proxy()
+    work = cfg.proxy() if workload is None else workload.split(1, cfg.rows)
     proxy_n = proxy_values(work)
     codec = Codec(cfg.wire, DEFAULT_BLOCK, "float32")
     scale = codec.nbytes(cfg.parameters) / codec.nbytes(proxy_n)
@@ -250,8 +255,9 @@ def _plan(cfg: PlanConfig, progress: Optional[Callable[[GridRow], None]]) -> Pla
                     batch_size=cfg.batch_size, eval_every_s=5 * cfg.step_s, max_virtual_s=cfg.step_s / 2)
     start = simulate(one).history[0].holdout_error  # the untrained model (after the first step's hooks, as every run)
     target = cfg.target_error if cfg.target_error is not None else cfg.reduction * start
+    rows_total = cfg.rows if workload is None else min(cfg.rows, len(workload.y))
     ref = run_cell(one.model_copy(update={"max_virtual_s": cfg.reference_steps * cfg.step_s, "targets": (target,)}),
-                   build_algorithm("single"), 1, range(cfg.seeds), rows_total=cfg.rows)
+                   build_algorithm("single"), 1, range(cfg.seeds), rows_total=rows_total)
     if ref.time_s is None:
         raise ValueError(f"one agent did not bring the proxy's holdout error from {start:.3f} to {target:.3f} "
                          f"in {cfg.reference_steps} steps: aim higher (--reduction 0.6, or a larger --target-error)")
@@ -268,19 +274,20 @@ def _plan(cfg: PlanConfig, progress: Optional[Callable[[GridRow], None]]) -> Pla
             elif k == 1 and "single" in cfg.algorithms:
                 row = GridRow(name, k, {}, skipped="one agent is single's row")
             else:
-                row = run_cell(base, algorithm_at(cfg, name, k), k, range(cfg.seeds), rows_total=cfg.rows)
+                row = run_cell(base, algorithm_at(cfg, name, k), k, range(cfg.seeds), rows_total=rows_total)
             rows.append(row)
             if progress is not None:
                 progress(row)
     proxy_noise, proxy_times = None, {}
-    if cfg.noise_scale is not None:
+    if cfg.noise_scale is not None and workload is None:
         proxy_noise = proxy_noise_scale(cfg, work)
         proxy_times = {f"{r.algorithm}@{r.agents}": r.time_s for r in rows if not r.skipped}
         rows = corrected(rows, cfg.noise_scale, proxy_noise.b_simple, cfg.batch_size)
     return PlanResult(config=cfg, proxy_parameters=proxy_n, byte_scale=scale, start_error=start,
                       target_error=target, reference_s=t1, horizon_s=horizon, eval_every_s=horizon / cfg.evals,
                       rows=rows, recommended=recommend(rows, cfg.tolerance), wall_s=time.perf_counter() - wall,
-                      proxy_noise=proxy_noise, proxy_times=proxy_times)
+                      proxy_noise=proxy_noise, proxy_times=proxy_times,
+                      workload=None if workload is None else workload.describe())
 
 
 # ---------------------------------------------------------------------- what it prints
@@ -334,9 +341,11 @@ def yaml_snippet(res: PlanResult) -> str:
 def gain_line(res: PlanResult) -> str:
     """Which gain from more samples per second the times carry: the proxy's own, or the user's noise scale's."""
     cfg = res.config
+    if res.workload:
+        return "gain from more agents: YOUR task's own (its model trained on its rows in every cell)"
     if cfg.noise_scale is None or res.proxy_noise is None:
         return ("gain from more agents: the PROXY's own (its gradient noise scale, not your task's); give your job "
-                "(mpca plan -c JOB.yaml) to measure your task's with a pilot, or --noise-scale B")
+                "(mpca plan -c JOB.yaml) to train your own model in every cell, or --noise-scale B")
     ks = [k for k in cfg.agents if k > 1]
     factors = ", ".join(f"K={k}: /{noise_factor(cfg.noise_scale, res.proxy_noise.b_simple, cfg.batch_size, k):.2f}"
                         for k in ks)
@@ -353,9 +362,12 @@ def assumptions(res: PlanResult) -> List[str]:
     return [
         f"network: {cfg.network().describe()} (mpca/sim/constants.py, calibrated on the emulated cluster)",
         f"time: every step {cfg.step_s * 1e3:.3g} ms; every transfer charged the bytes of {cfg.parameters:,} values "
-        f"in {cfg.wire} on {rate} (the proxy's transfers x {res.byte_scale:.4g}, exact: "
-        "mpca.sim.network.scaled_for_bytes)",
-        (f"gradients: a PROXY — the teacher task (64 features, 10 classes) and an MLP "
+        f"in {cfg.wire} on {rate}" + ("" if res.workload else f" (the proxy's transfers x {res.byte_scale:.4g}, "
+                                      "exact: mpca.sim.network.scaled_for_bytes)"),
+        (f"gradients: YOUR model ({res.proxy_parameters:,} values) on {res.workload['sample_rows']:,} rows of your job's "
+         f"data ({res.workload['name']}), split among the K agents, scored on {res.workload['holdout']:,} held-out "
+         f"rows, batch {cfg.batch_size}: each cell a short learning curve of your own task" if res.workload else
+         f"gradients: a PROXY — the teacher task (64 features, 10 classes) and an MLP "
          f"64-{'-'.join(map(str, cfg.proxy_hidden))}-10 ({res.proxy_parameters:,} parameters, Adam 1e-3, batch "
          f"{cfg.batch_size}), {cfg.rows:,} rows split among the K agents; how many steps each algorithm needs is the "
          "proxy's, not your model's, and the gain from more agents can differ several-fold (README, mpca plan)"

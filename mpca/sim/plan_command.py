@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "if you know it (-c measures it): corrects the proxy's gain from more agents")
     p.add_argument("--pilot-steps", type=int, default=None, help="training steps before a noise scale is measured "
                    "(default: mpca.sim.noise.PILOT_STEPS)")
+    p.add_argument("--gradients", choices=["job", "proxy"], default="job", help="with -c: train your job's own model "
+                   "on a sample of its rows in every cell (job), or the small proxy with your task's measured noise "
+                   "scale (proxy: faster for a large model)")
     p.add_argument("--link", default="1gbit", help="every host's port: 100mbit, 1gbit, 10gbit")
     p.add_argument("--agents", default="1,2,4,8,16", help="agent counts to try")
     p.add_argument("--algorithms", default="", help="comma-separated (default: mpca.sim.plan.DEFAULT_ALGORITHMS, "
@@ -89,13 +92,13 @@ def job_noise_scale(job, batch: int, steps: int):
 
 
 def config_from(args) -> tuple:
-    """(PlanConfig, lines describing the model, its step time and the task's noise scale); every mistake as one
-    UserError line."""
+    """(PlanConfig, lines describing the model, its step time and what the gradients come from, the job's own
+    workload or None); every mistake as one UserError line."""
     from mpca.sim.measure import exchanged_values, load_model, measure_step_s, teacher_hidden_for, teacher_mlp_for
     from mpca.sim.noise import PILOT_STEPS
     from mpca.sim.plan import PlanConfig
 
-    job, noise, lines = None, args.noise_scale, []
+    job, noise, lines, workload = None, args.noise_scale, [], None
     steps = PILOT_STEPS if args.pilot_steps is None else args.pilot_steps
     try:
         if args.config:
@@ -122,7 +125,11 @@ def config_from(args) -> tuple:
         else:
             step, how = args.step_s, "given"
         lines.append(f"model: {what}, {n:,} values exchanged; step {step * 1e3:.3g} ms ({how})")
-        if job is not None and noise is None:
+        own = job is not None and args.gradients == "job"
+        if own:
+            lines.append(f"gradients: your model on a sample of {job.data.dataset or job.data.path}'s rows "
+                         "(--gradients job)")
+        elif job is not None and noise is None:
             measured = job_noise_scale(job, batch, steps)
             noise = measured.b_simple
             lines.append(f"your task's gradient noise scale (pilot on {job.data.dataset or job.data.path}): "
@@ -137,6 +144,10 @@ def config_from(args) -> tuple:
                          speeds=parse_speeds(args.speeds), reduction=args.reduction, target_error=args.target_error, tolerance=args.tolerance,
                          seeds=args.seeds, periods=args.periods, proxy_hidden=_proxy_hidden(args),
                          exchange_cpu_s_per_mb=args.exchange_cpu, host_cores=args.host_cores)
+        if own:
+            from mpca.sim.workload import job_workload
+
+            workload = job_workload(job, cfg.rows, cfg.holdout)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "settings"
@@ -145,13 +156,13 @@ def config_from(args) -> tuple:
         raise
     except ValueError as e:
         raise UserError(f"plan: {str(e).splitlines()[0]}") from None
-    return cfg, "\n".join(lines)
+    return cfg, "\n".join(lines), workload
 
 
 def run(args) -> int:
     from mpca.sim.plan import assumptions, plan, table, yaml_snippet
 
-    cfg, model_line = config_from(args)
+    cfg, model_line, workload = config_from(args)
     print("mpca plan: a PREDICTION from short simulations (mpca/sim), not a measurement")
     print(model_line, flush=True)
     quiet = getattr(args, "quiet", False)
@@ -163,7 +174,7 @@ def run(args) -> int:
                   file=sys.stderr, flush=True)
 
     try:
-        res = plan(cfg, progress)
+        res = plan(cfg, progress, workload)
     except ValueError as e:
         raise UserError(f"plan: {str(e).splitlines()[0]}") from None
     print(table(res))

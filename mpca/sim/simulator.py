@@ -35,7 +35,6 @@ is lost and held while it is stopped.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -46,7 +45,7 @@ from mpca.algorithm.base import Algorithm, AgentRule
 from mpca.algorithm.registry import build as build_algorithm
 from mpca.algorithm.ring import ring_in_lock_step
 from mpca.algorithm.wire import Codec, ErrorFeedback, WireFormat
-from mpca.evaluation import evaluate
+from mpca.evaluation import evaluate, has_batchnorm, recalibrate_batchnorm
 from mpca.sim.agents import SimAgent
 from mpca.sim.clock import VirtualClock
 from mpca.exchange.device import ComputeModel
@@ -56,7 +55,7 @@ from mpca.sim.network import DriverPort, ring_allreduce_bytes, ring_allreduce_ti
 from mpca.sim.presence import Absence, Presence
 from mpca.sim.result import HistoryRow, SimResult
 from mpca.sim.service import SimServiceClient
-from mpca.sim.workload import TeacherWorkload
+from mpca.sim.workload import TeacherWorkload, Workload
 
 REFUSED = {
     "rudra-hardsync": "its server waits inside serve() for every learner's gradient of a timestamp, which one "
@@ -78,7 +77,7 @@ class SimConfig(BaseModel):
     wire_block: int = Field(4096, ge=1)
     network: NetworkConstants = Field(default_factory=NetworkConstants)
     compute: ComputeModel = Field(default_factory=ComputeModel)
-    workload: TeacherWorkload = Field(default_factory=TeacherWorkload)
+    workload: Workload = Field(default_factory=TeacherWorkload)
     batch_size: int = Field(64, ge=1)
     max_virtual_s: float = Field(120.0, gt=0)
     eval_every_s: float = Field(5.0, gt=0)
@@ -162,6 +161,10 @@ class Simulator:
         self.eval_model = copy.deepcopy(model)
         self.eval_bound = self.layout.bind_module(self.eval_model, algo.buffers)
         self.hx, self.hy = work.holdout_rows(K)
+        # BatchNorm statistics re-estimated before each score where they are not used as exchanged, as the
+        # runtime's evaluator does (mpca.evaluation)
+        self.calibration = (work.calibration_rows(K) if algo.buffers != "average" and has_batchnorm(model)
+                            else None)
         self.pipeline: Optional[VirtualPipeline] = None
         if algo.exchange == "cycle" and not self.ddp:
             self.pipeline = VirtualPipeline(self.clock, self.rule, K, self.codec, cfg.network, algo.cycle_interval_s,
@@ -175,7 +178,7 @@ class Simulator:
                                           "batch_size": cfg.batch_size, "seed": cfg.seed, "startup_s": cfg.startup_s,
                                           "agent_starts_s": list(cfg.agent_starts_s),
                                           "parameters": self.layout.total_numel,
-                                          "workload": dataclasses.asdict(cfg.workload)},
+                                          "workload": cfg.workload.describe()},
                                 targets=list(cfg.targets))
         self.done = False
 
@@ -313,6 +316,8 @@ class Simulator:
     def _evaluate(self, t: float, again: bool = True) -> None:
         for s, v in enumerate(self.joint_vectors()):
             self.eval_bound.write(s, v)
+        if self.calibration is not None:
+            recalibrate_batchnorm(self.eval_model, self.calibration)
         r = evaluate(self.eval_model, self.hx, self.hy, self.cfg.workload.loss_fn)
         self.result.history.append(HistoryRow(t, sum(ag.steps for ag in self.agents), r.error, r.loss,
                                               dict(self.rule.metrics())))

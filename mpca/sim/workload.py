@@ -1,15 +1,18 @@
 """What the simulated agents train: the model, loss and optimizer factories and each agent's rows.
 
 The default is the benchmark's task (``conf/teacher_mlp.yaml``): rows of :class:`mpca.data.synthetic.TeacherTask`
-(each agent its own disjoint block of rows, the holdout after them) and :class:`mpca.models.MLP`.  With
+(each agent its own disjoint block of rows, the holdout after them) and :class:`mpca.models.MLP`.
+:class:`SampleWorkload` is a job's own: its model, loss and optimizer, and rows read on this machine
+(:func:`mpca.data.sample.local_sample`), split in contiguous blocks among the agents as Spark's partitions are.  With
 ``split_rows`` the holdout is instead the runtime's own: the rows of the task's first ``split_rows`` that
 :func:`mpca.data.split.hash_split` (the trainer's split of ``data.holdout``) puts in the holdout, and the agents'
 blocks leave those rows out, as the runtime's agents never see them."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -93,6 +96,19 @@ class TeacherWorkload:
             raise ValueError(f"split_rows must be >= 1, split_fraction in (0, 1) and split_max_rows >= 1, got "
                              f"{self.split_rows}, {self.split_fraction} and {self.split_max_rows}")
 
+    def split(self, agents: int, rows_total: int) -> "TeacherWorkload":
+        """One data set of ``rows_total`` rows split evenly among the agents, the holdout after it (the same for
+        every K)."""
+        if rows_total < agents:
+            raise ValueError(f"{rows_total} rows cannot be split among {agents} agents")
+        return dataclasses.replace(self, rows_per_agent=rows_total // agents, holdout_at=rows_total)
+
+    def describe(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def calibration_rows(self, agents: int) -> Optional[torch.Tensor]:
+        return None  # an MLP: no BatchNorm
+
     def holdout_start(self, agents: int) -> int:
         lo = agents * self.rows_per_agent
         if self.holdout_at is None:
@@ -139,3 +155,68 @@ class TeacherWorkload:
     def _rows(self, agents: int, ids: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
         x, y = self.task(agents).take(ids)
         return torch.from_numpy(x), torch.from_numpy(y)
+
+
+class SampleWorkload:
+    """A job's own task in the simulator: ``model_fn``, ``loss_fn`` and ``optimizer_fn`` (as
+    :func:`mpca.models.training_functions` builds them), training rows ``x``, ``y`` (the first ``rows_per_agent`` ×
+    K of them split in contiguous blocks among the K agents) and holdout rows ``hx``, ``hy``; ``calibration``: how
+    many training rows re-estimate a BatchNorm model's statistics before each score (``eval.calibration_rows``;
+    the simulator does it where the algorithm's ``buffers`` is not ``average``, as the runtime's evaluator)."""
+
+    def __init__(self, model_fn: Callable[[], torch.nn.Module], loss_fn: Callable, optimizer_fn: Callable,
+                 x: torch.Tensor, y: torch.Tensor, hx: torch.Tensor, hy: torch.Tensor, rows_per_agent: int = 0,
+                 calibration: int = 512, name: str = "job"):
+        if len(y) < 1 or len(hy) < 1:
+            raise ValueError(f"a workload needs training and holdout rows, got {len(y)} and {len(hy)}")
+        self.model_fn, self.loss_fn, self.optimizer_fn = model_fn, loss_fn, optimizer_fn
+        self.x, self.y, self.hx, self.hy = x, y, hx, hy
+        self.rows_per_agent = rows_per_agent or len(y)
+        self.calibration, self.name = calibration, name
+
+    def split(self, agents: int, rows_total: int) -> "SampleWorkload":
+        rows_total = min(rows_total, len(self.y))
+        if rows_total < agents:
+            raise ValueError(f"{rows_total} rows cannot be split among {agents} agents")
+        return SampleWorkload(self.model_fn, self.loss_fn, self.optimizer_fn, self.x, self.y, self.hx, self.hy,
+                              rows_total // agents, self.calibration, self.name)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "rows_per_agent": self.rows_per_agent, "holdout": len(self.hy),
+                "sample_rows": len(self.y)}
+
+    def agent_rows(self, agent: int, agents: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        lo = agent * self.rows_per_agent
+        if lo + self.rows_per_agent > len(self.y):
+            raise ValueError(f"agent {agent} of {agents}: {self.rows_per_agent} rows each exceed the sample's "
+                             f"{len(self.y)}")
+        return self.x[lo:lo + self.rows_per_agent], self.y[lo:lo + self.rows_per_agent]
+
+    def holdout_rows(self, agents: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.hx, self.hy
+
+    def calibration_rows(self, agents: int) -> Optional[torch.Tensor]:
+        """The first training rows, as the runtime's driver reads them (:meth:`mpca.trainer.Trainer._calibration`)."""
+        return self.x[:self.calibration]
+
+
+def job_workload(job, rows: int, holdout: int) -> SampleWorkload:
+    """A job's (:class:`~mpca.config.JobConfig`) own task: its model, loss and optimizer, ``rows`` of its training
+    rows read on this machine, and its held-out rows (its own where it has them, else ``holdout`` rows of the sample
+    set aside, disjoint from the training ones)."""
+    from mpca.data.sample import local_holdout, local_sample
+    from mpca.models import training_functions
+
+    model_fn, loss_fn, optimizer_fn = training_functions(job.model, job.optimizer)
+    own = local_holdout(job.data, holdout)
+    x, y = local_sample(job.data, rows + (0 if own else holdout))
+    if own is None:
+        if len(y) <= holdout:
+            raise ValueError(f"the job's data has {len(y)} rows: too few to set {holdout} aside and train on the rest")
+        own, (x, y) = (x[-holdout:], y[-holdout:]), (x[:-holdout], y[:-holdout])
+    name = job.data.dataset or job.data.path or "job"
+    return SampleWorkload(model_fn, loss_fn, optimizer_fn, x, y, *own, calibration=job.eval.calibration_rows,
+                          name=str(name))
+
+
+Workload = Union[TeacherWorkload, SampleWorkload]

@@ -134,12 +134,17 @@ def test_plan_with_a_job_measures_its_noise_scale(tmp_path, capsys):
     job.write_text("data: {dataset: digits}\ntraining: {batch_size: 16}\n")
     p = argparse.ArgumentParser()
     add_arguments(p)
-    cfg, lines = config_from(p.parse_args(["-c", str(job), "--step-s", "0.1", "--pilot-steps", "5"]))
-    assert cfg.batch_size == 16 and cfg.pilot_steps == 5
+    cfg, lines, workload = config_from(p.parse_args(["-c", str(job), "--step-s", "0.1", "--pilot-steps", "5",
+                                                     "--gradients", "proxy"]))
+    assert workload is None and cfg.batch_size == 16 and cfg.pilot_steps == 5
     assert cfg.noise_scale is not None and cfg.noise_scale > 0
     assert "gradient noise scale (pilot on digits)" in lines and "after 5 pilot steps" in lines
-    cfg, lines = config_from(p.parse_args(["--parameters", "5000", "--step-s", "0.1", "--noise-scale", "300"]))
+    cfg, lines, _ = config_from(p.parse_args(["--parameters", "5000", "--step-s", "0.1", "--noise-scale", "300"]))
     assert cfg.noise_scale == 300 and cfg.batch_size == 64 and "(given)" in lines
+    cfg, lines, workload = config_from(p.parse_args(["-c", str(job), "--step-s", "0.1"]))  # the job's own gradients
+    assert cfg.noise_scale is None and "your model on a sample of digits" in lines
+    assert len(workload.hy) == cfg.holdout and len(workload.y) == 1797 - cfg.holdout  # disjoint: all of digits
+    assert workload.x.shape[1:] == (1, 8, 8) and workload.describe()["name"] == "digits"
 
 
 def test_a_negative_noise_scale_is_one_line(capsys):
@@ -154,7 +159,8 @@ def test_the_command_with_a_job_prints_which_gain_it_used(tmp_path, capsys):
     job = tmp_path / "job.yaml"
     job.write_text("data: {dataset: digits}\ntraining: {batch_size: 16}\n")
     out = tmp_path / "plan.json"
-    code = main(["plan", "-q", "-c", str(job), "--step-s", "0.05", "--pilot-steps", "5", "--agents", "1,2",
+    code = main(["plan", "-q", "-c", str(job), "--gradients", "proxy", "--step-s", "0.05", "--pilot-steps", "5",
+                 "--agents", "1,2",
                  "--algorithms", "single,ddp", "--proxy-hidden", "16", "--reduction", "0.7", "--link", "10gbit",
                  "--json", str(out)])
     printed = capsys.readouterr().out
@@ -163,3 +169,20 @@ def test_the_command_with_a_job_prints_which_gain_it_used(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["config"]["noise_scale"] > 0 and data["proxy_noise"]["steps"] == 5
     assert set(data["proxy_times"]) == {"single@1", "ddp@2"}
+
+
+def test_the_command_with_a_job_trains_its_own_model_in_every_cell(tmp_path, capsys):
+    import json
+
+    job = tmp_path / "job.yaml"
+    job.write_text("data: {dataset: digits}\ntraining: {batch_size: 16}\n")
+    out = tmp_path / "plan.json"
+    code = main(["plan", "-q", "-c", str(job), "--step-s", "0.05", "--agents", "1,2", "--algorithms", "single,ddp",
+                 "--reduction", "0.7", "--link", "10gbit", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "gradients: YOUR model" in printed and "YOUR task's own" in printed and "PROXY" not in printed
+    data = json.loads(out.read_text())
+    assert data["workload"]["name"] == "digits" and data["proxy_noise"] is None
+    assert data["proxy_parameters"] == data["config"]["parameters"] and data["byte_scale"] == 1.0
+    assert data["rows"][0]["time_s"] is not None  # one agent reached 0.7 of the start on digits

@@ -186,7 +186,7 @@ def test_without_algorithms_the_plan_tries_the_planners_default_set():
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    cfg, _ = config_from(p.parse_args(["--parameters", "1000", "--step-s", "0.1"]))
+    cfg, _, _ = config_from(p.parse_args(["--parameters", "1000", "--step-s", "0.1"]))
     assert cfg.algorithms == DEFAULT_ALGORITHMS
-    cfg, _ = config_from(p.parse_args(["--parameters", "1000", "--step-s", "0.1", "--algorithms", "mpca, sync"]))
+    cfg, _, _ = config_from(p.parse_args(["--parameters", "1000", "--step-s", "0.1", "--algorithms", "mpca, sync"]))
     assert cfg.algorithms == ("mpca", "sync")
