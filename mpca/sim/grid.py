@@ -37,15 +37,18 @@ class GridRow:
         return asdict(self)
 
 
-def crossing_time(history, target: float) -> Optional[float]:
-    """When the holdout error first reaches ``target``: linear between the last evaluation above it and the
-    first at or under it (the first evaluation's time when that is already under it); None if never."""
+def crossing_time(history, target: float, metric: str = "error") -> Optional[float]:
+    """When the holdout error (``metric`` "error") or loss ("loss") first reaches ``target``: linear between the
+    last evaluation above it and the first at or under it (the first evaluation's time when that is already under
+    it); None if never."""
+    column = "holdout_error" if metric == "error" else "holdout_loss"
     prev = None
     for r in history:
-        if r.holdout_error <= target:
-            if prev is None or prev.holdout_error <= r.holdout_error:
+        now = getattr(r, column)
+        if now <= target:
+            if prev is None or getattr(prev, column) <= now:
                 return r.t
-            frac = (prev.holdout_error - target) / (prev.holdout_error - r.holdout_error)
+            frac = (getattr(prev, column) - target) / (getattr(prev, column) - now)
             return prev.t + frac * (r.t - prev.t)
         prev = r
     return None
@@ -90,7 +93,7 @@ def run_cell(base: SimConfig, algorithm: Algorithm, agents: int, seeds: Sequence
             row.failed = str(e).splitlines()[0]
             row.wall_s += sim.result.wall_s
             return row
-    hits = [None if target is None else crossing_time(r.history, target) for r in results]
+    hits = [None if target is None else crossing_time(r.history, target, base.metric) for r in results]
     row.times = hits
     row.time_s = statistics.fmean(hits) if hits and all(h is not None for h in hits) else None
     row.steps = statistics.fmean(r.steps for r in results)

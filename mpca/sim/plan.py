@@ -88,6 +88,8 @@ class PlanConfig(BaseModel):
     reduction: float = Field(0.3, gt=0, lt=1, description="target: holdout error × this")
     target_error: Optional[float] = Field(None, gt=0, lt=1, description="target: this holdout error (instead of "
                                           "reduction × the start)")
+    target_loss: Optional[float] = Field(None, gt=0, description="target: this holdout loss in nats (a language "
+                                         "model's; the times follow the loss instead of the error)")
     tolerance: float = Field(0.1, ge=0, description="the recommendation's slack over the fastest prediction")
     horizon: float = Field(2.0, gt=0, description="each run's virtual time at most, × one agent's time")
     evals: int = Field(120, ge=5, description="evaluations per horizon (the times' resolution)")
@@ -122,6 +124,16 @@ class PlanConfig(BaseModel):
                 raise ValueError(f"the simulator does not run {name}: {REFUSED[name]}")
         return tuple(dict.fromkeys(v))
 
+    @property
+    def metric(self) -> str:
+        return "loss" if self.target_loss is not None else "error"
+
+    @model_validator(mode="after")
+    def _one_target(self):
+        if self.target_error is not None and self.target_loss is not None:
+            raise ValueError("give target_error or target_loss, not both")
+        return self
+
     @model_validator(mode="after")
     def _settings_build(self):
         self.built()  # an unknown algorithm or a wrong setting fails here, before any simulation
@@ -144,7 +156,7 @@ class PlanResult:
     config: PlanConfig
     proxy_parameters: int
     byte_scale: float  # user's bytes / proxy's bytes per transfer
-    start_error: float
+    start_error: float  # the metric's (cfg.metric: the holdout error, or loss in nats)
     target_error: float
     reference_s: float  # one agent alone to the target
     horizon_s: float
@@ -251,21 +263,24 @@ def _plan(cfg: PlanConfig, progress: Optional[Callable[[GridRow], None]],
     scale = codec.nbytes(cfg.parameters) / codec.nbytes(proxy_n)
     net = scaled_for_bytes(cfg.network(), scale)
     compute = ComputeModel(step_s=cfg.step_s, speeds=dict(cfg.speeds))
+    metric = cfg.metric
     one = SimConfig(algorithm="single", agents=1, wire=cfg.wire, network=net, compute=compute, workload=work,
-                    batch_size=cfg.batch_size, eval_every_s=5 * cfg.step_s, max_virtual_s=cfg.step_s / 2)
-    start = simulate(one).history[0].holdout_error  # the untrained model (after the first step's hooks, as every run)
-    target = cfg.target_error if cfg.target_error is not None else cfg.reduction * start
+                    batch_size=cfg.batch_size, eval_every_s=5 * cfg.step_s, max_virtual_s=cfg.step_s / 2, metric=metric)
+    first = simulate(one).history[0]  # the untrained model (after the first step's hooks, as every run)
+    start = first.holdout_error if metric == "error" else first.holdout_loss
+    given = cfg.target_error if metric == "error" else cfg.target_loss
+    target = given if given is not None else cfg.reduction * start
     rows_total = cfg.rows if workload is None else min(cfg.rows, len(workload.y))
     ref = run_cell(one.model_copy(update={"max_virtual_s": cfg.reference_steps * cfg.step_s, "targets": (target,)}),
                    build_algorithm("single"), 1, range(cfg.seeds), rows_total=rows_total)
     if ref.time_s is None:
-        raise ValueError(f"one agent did not bring the proxy's holdout error from {start:.3f} to {target:.3f} "
-                         f"in {cfg.reference_steps} steps: aim higher (--reduction 0.6, or a larger --target-error)")
+        raise ValueError(f"one agent did not bring the holdout {metric} from {start:.3f} to {target:.3f} "
+                         f"in {cfg.reference_steps} steps: aim higher (--reduction 0.6, or a larger --target-{metric})")
     t1 = ref.time_s
     horizon = cfg.horizon * t1
     base = SimConfig(agents=1, wire=cfg.wire, network=net, compute=compute, workload=work,
                      batch_size=cfg.batch_size, max_virtual_s=horizon, eval_every_s=horizon / cfg.evals,
-                     targets=(target,))
+                     targets=(target,), metric=metric)
     rows = []
     for name in cfg.algorithms:
         for k in cfg.agents:
@@ -375,7 +390,7 @@ def assumptions(res: PlanResult) -> List[str]:
          f"gradients: the teacher MLP 64-{'-'.join(map(str, cfg.proxy_hidden))}-10 itself ({res.proxy_parameters:,} "
          f"parameters, Adam 1e-3, batch {cfg.batch_size}) on the teacher task, {cfg.rows:,} rows split among the K "
          "agents"),
-        f"target: holdout error from {res.start_error:.3f} to {res.target_error:.3f} "
+        f"target: holdout {cfg.metric} from {res.start_error:.3f} to {res.target_error:.3f} "
         f"({res.target_error / res.start_error:.2g} of its start); "
         f"one agent alone: {res.reference_s:.1f} s; each run at most {res.horizon_s:.1f} s (x{cfg.horizon:g}); "
         f"evaluated every {res.eval_every_s:.2g} s, the crossing interpolated; mean of {cfg.seeds} seed(s)",

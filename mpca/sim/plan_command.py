@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "of its start")
     p.add_argument("--target-error", type=float, default=None, help="target: this holdout error of the proxy "
                    "(instead of --reduction)")
+    p.add_argument("--target-loss", type=float, default=None, help="target: this holdout loss in nats (instead of an "
+                   "error: a language model's)")
     p.add_argument("--tolerance", type=float, default=0.1, help="recommend the fewest agents within this "
                    "fraction of the fastest prediction")
     p.add_argument("--periods", choices=["rule-of-five", "defaults"], default="rule-of-five",
@@ -141,7 +143,7 @@ def config_from(args) -> tuple:
                          **({"algorithms": chosen} if chosen else {}),
                          settings=parse_overrides(args.overrides), wire=args.wire, batch_size=batch,
                          noise_scale=noise, pilot_steps=steps,
-                         speeds=parse_speeds(args.speeds), reduction=args.reduction, target_error=args.target_error, tolerance=args.tolerance,
+                         speeds=parse_speeds(args.speeds), reduction=args.reduction, target_error=args.target_error, target_loss=args.target_loss, tolerance=args.tolerance,
                          seeds=args.seeds, periods=args.periods, proxy_hidden=_proxy_hidden(args),
                          exchange_cpu_s_per_mb=args.exchange_cpu, host_cores=args.host_cores)
         if own:

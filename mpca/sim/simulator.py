@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -82,6 +82,7 @@ class SimConfig(BaseModel):
     max_virtual_s: float = Field(120.0, gt=0)
     eval_every_s: float = Field(5.0, gt=0)
     targets: Tuple[float, ...] = ()
+    metric: Literal["error", "loss"] = "error"  # what the targets are of: holdout error, or loss (nats), as eval.metric
     seed: int = 0
     absences: Tuple[Absence, ...] = ()  # agents that hang or are lost (mpca.sim.presence)
     agent_wait_s: Optional[float] = Field(None, gt=0)  # cluster.agent_wait_s (None: the runtime's default rule)
@@ -102,10 +103,16 @@ class SimConfig(BaseModel):
 
     @field_validator("targets")
     @classmethod
-    def _targets_in_range(cls, v: Tuple[float, ...]) -> Tuple[float, ...]:
-        if any(not 0 <= t <= 1 for t in v):
-            raise ValueError(f"target errors lie in [0, 1], got {list(v)}")
+    def _targets_sorted(cls, v: Tuple[float, ...]) -> Tuple[float, ...]:
         return tuple(sorted(v, reverse=True))
+
+    @model_validator(mode="after")
+    def _targets_in_range(self) -> "SimConfig":
+        if self.metric == "error" and any(not 0 <= t <= 1 for t in self.targets):
+            raise ValueError(f"target errors lie in [0, 1], got {list(self.targets)}")
+        if self.metric == "loss" and any(not t > 0 for t in self.targets):
+            raise ValueError(f"target losses are > 0, got {list(self.targets)}")
+        return self
 
     @model_validator(mode="after")
     def _starts_before_startup(self) -> "SimConfig":
@@ -321,7 +328,7 @@ class Simulator:
         r = evaluate(self.eval_model, self.hx, self.hy, self.cfg.workload.loss_fn)
         self.result.history.append(HistoryRow(t, sum(ag.steps for ag in self.agents), r.error, r.loss,
                                               dict(self.rule.metrics())))
-        if self.cfg.targets and r.error <= min(self.cfg.targets):
+        if self.cfg.targets and (r.error if self.cfg.metric == "error" else r.loss) <= min(self.cfg.targets):
             self.done = True
         if again:
             self.clock.schedule(t + self.cfg.eval_every_s, self._evaluate)

@@ -178,11 +178,12 @@ def test_the_command_with_a_job_trains_its_own_model_in_every_cell(tmp_path, cap
     job.write_text("data: {dataset: digits}\ntraining: {batch_size: 16}\n")
     out = tmp_path / "plan.json"
     code = main(["plan", "-q", "-c", str(job), "--step-s", "0.05", "--agents", "1,2", "--algorithms", "single,ddp",
-                 "--reduction", "0.7", "--link", "10gbit", "--json", str(out)])
+                 "--target-loss", "1.6", "--link", "10gbit", "--json", str(out)])
     printed = capsys.readouterr().out
     assert code == 0
     assert "gradients: YOUR model" in printed and "YOUR task's own" in printed and "PROXY" not in printed
     data = json.loads(out.read_text())
     assert data["workload"]["name"] == "digits" and data["proxy_noise"] is None
     assert data["proxy_parameters"] == data["config"]["parameters"] and data["byte_scale"] == 1.0
-    assert data["rows"][0]["time_s"] is not None  # one agent reached 0.7 of the start on digits
+    assert data["rows"][0]["time_s"] is not None and "target: holdout loss from" in printed  # followed in nats
+    assert data["target_error"] == 1.6 and data["start_error"] > 2.0  # the untrained model's ~ln 10

@@ -58,6 +58,8 @@ def test_the_crossing_time_is_linear_between_the_evaluations_around_the_target()
     assert crossing_time(h, 0.95) == 0.0
     assert crossing_time(h, 0.3) == 20.0
     assert crossing_time(h, 0.1) is None
+    assert crossing_time(h, 0.75, "loss") == pytest.approx(15.0)  # loss 1.0 → 0.5 over 10 s: 0.75 halfway
+    assert crossing_time(h, 2.5, "loss") == 0.0 and crossing_time(h, 0.4, "loss") is None
 
 
 # --------------------------------------------------------------------------- the recommendation's rule
@@ -127,6 +129,9 @@ def test_a_short_plan_recommends_what_its_own_times_say(tmp_path):
     (["plan", "--parameters", "1000", "--step-s", "0.1", "--agents", "1,x"], "--agents"),
     (["plan", "--parameters", "1000", "--step-s", "0.1", "algorithm.sync.every=0"], "every"),
     (["plan", "--model", "mpca.models:MLP", "--step-s", "0.1", "--proxy-hidden", "sized"], "goes with --parameters"),
+    (["plan", "--parameters", "1000", "--step-s", "0.1", "--target-error", "0.2", "--target-loss", "1.5"],
+     "target_error or target_loss, not both"),
+    (["plan", "--parameters", "1000", "--step-s", "0.1", "--target-loss", "0"], "target_loss"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(argv, says, capsys):
     assert main(argv) == 2
