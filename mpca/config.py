@@ -16,6 +16,7 @@ from mpca.algorithm.wire import DEFAULT_BLOCK, WireFormat
 from mpca.data.synthetic import TeacherTask
 from mpca.data.split import EVALUATION_ROWS
 from mpca.errors import UserError
+from mpca.exchange.timeouts import TASK_TIMEOUT_S
 from mpca.local_cluster import parse_local_cluster
 
 
@@ -257,9 +258,6 @@ class CheckpointSection(_Strict):
         if self.resume and self.dir is None:
             raise ValueError("checkpoint.resume needs checkpoint.dir")
         return self
-
-
-TASK_TIMEOUT_S = 120.0  # cluster.task_timeout_s's default, the one spelling of it in the runtime
 
 
 class ClusterSection(_Strict):

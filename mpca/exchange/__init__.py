@@ -8,6 +8,7 @@ Spark, no sockets and no clock of its own.
   as it goes on the wire (finite, encoded with error feedback).
 - :mod:`mpca.exchange.service`: the parameter service's handling of one request (decode, refuse NaN/Inf, the
   rule's ``serve``, the answer encoded with the driver's error feedback per agent).
+- :mod:`mpca.exchange.timeouts`: how long the exchange's tasks wait (``cluster.task_timeout_s``'s default).
 - :mod:`mpca.exchange.device`: an agent's device — its step time (T / speed) on the simulator's virtual clock and
   waited out in wall time by the runtime's emulated devices.
 """

@@ -8,7 +8,6 @@ from dataclasses import replace
 from typing import Iterable, Optional, Union
 
 import numpy as np
-import torch
 
 from mpca.algorithm.weighted_sum import WeightedSum
 from mpca.algorithm.wire import Codec, EncodedSum
@@ -56,6 +55,8 @@ def driver_sum(partial: Partial) -> Optional[WeightedSum]:
     """The reduction as the driver rule takes it — decoded, its total as torch — or None when the total holds
     NaN/Inf (agents reject their own non-finite shards; this keeps the joint model finite whatever reaches the
     driver)."""
+    import torch  # the driver's: the executors' exchange tasks that import this module run without torch
+
     ws = decoded(partial)
     if ws.total is None:
         return WeightedSum(None, ws.weight)

@@ -25,12 +25,13 @@ import torch
 
 from mpca.algorithm import AgentContext, AgentRule, Algorithm, ShardLayout, build_algorithm
 from mpca.algorithm.wire import Codec, ErrorFeedback
-from mpca.config import TASK_TIMEOUT_S, DataSection, TrainingSection, WireSection
+from mpca.config import DataSection, TrainingSection, WireSection
 from mpca.data.arrow import UnreadableRows
 from mpca.data.checks import found_in_agent, label_counts, labels_problem, unreadable
 from mpca.data.stream import ramp_rows
 from mpca.exchange.agent_step import finite, forward_backward, optimizer_step, wire_bytes
 from mpca.exchange.device import ComputeModel, DeviceClock
+from mpca.exchange.timeouts import TASK_TIMEOUT_S
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError, listen
 from mpca.runtime.cluster import visible_gpus

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from mpca.algorithm.wire import Codec
-from mpca.config import TASK_TIMEOUT_S
+from mpca.exchange.timeouts import TASK_TIMEOUT_S
 from mpca.exchange.partials import contribution
 from mpca.runtime import placement
 from mpca.runtime.channel import Channel, ChannelError

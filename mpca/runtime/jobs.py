@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Dict, Sequence
 
 from mpca.algorithm.wire import Codec
-from mpca.config import TASK_TIMEOUT_S
+from mpca.exchange.timeouts import TASK_TIMEOUT_S
 from mpca.runtime import scatter
 from mpca.runtime.exchange import ExchangePlan, exchange_partition
 from mpca.runtime.record import ExchangeRecord, merge_records

@@ -38,7 +38,7 @@ import torch
 
 from mpca.algorithm import Algorithm, DriverRule, WeightedSum
 from mpca.algorithm.wire import Codec
-from mpca.config import TASK_TIMEOUT_S
+from mpca.exchange.timeouts import TASK_TIMEOUT_S
 from mpca.errors import RunFailedError, UserError
 from mpca.exchange.partials import Partial, combine, decoded, driver_sum
 from mpca.runtime.broadcasts import Broadcasts

@@ -18,15 +18,16 @@ The recommendation (:func:`recommend`): among the cells that reached the target,
 the fastest prediction; of them the one with the fewest agents (then the faster, then the earlier in the
 algorithm list) — more agents for less than ``tolerance`` of speed is not worth their cost.
 
-The user's task (issue 55, part 6).  The proxy gains from more agents what *its* gradient noise scale allows, not
-what the user's does: a proxy whose one agent's batch already estimates its gradient well predicts little gain
-for a task whose every extra sample is news.  Given the user's noise scale ``noise_scale`` (``mpca plan -c
-JOB.yaml`` measures it with a pilot on a sample of the job's own rows and its own model, :mod:`mpca.sim.noise`),
-the plan measures the proxy's after the same pilot and divides each simulated time at K agents by
+The user's task (issue 55, part 6).  The proxy gains from more agents what *it* gains, not what the user's task
+does.  With a ``workload`` (``mpca plan -c JOB.yaml``: :class:`~mpca.sim.workload.SampleWorkload`, the job's own
+model on a sample of its own rows) every cell trains the user's model instead: a short learning curve per cell,
+its transfers the model's own bytes.  The coarse alternative keeps the proxy and corrects it with the user's
+gradient noise scale ``noise_scale`` (``--gradients proxy`` measures it with a pilot, :mod:`mpca.sim.noise`): the
+proxy's is measured after the same pilot and each simulated time at K agents is divided by
 ``ideal(B_user, b, K) / ideal(B_proxy, b, K)`` (:func:`noise_factor`; ``ideal`` is
-:func:`~mpca.sim.noise.ideal_speedup`, McCandlish et al.'s bound on the fewer steps of K·b samples a step): the
-simulation keeps what the algorithm and the link cost, the noise scales say how many steps more samples save.
-Without it the proxy's own gain stands, and the output says so.
+:func:`~mpca.sim.noise.ideal_speedup`, McCandlish et al.'s bound on the fewer steps of K·b samples a step).  Measured
+(docs/results/2026-11-28-plan.md), it does not capture mpca's gain: model averaging under Adam gained more than the
+data-parallel ceiling of the task's noise scale.  The output says which gain the times carry.
 """
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ import pytest
 # every module a control or exchange task's function comes from (mpca.runtime.control / jobs / exchange /
 # scatter) and what its pickled arguments are made of (records, reports, the wire's codec)
 EXCHANGE_PATH = ["mpca.runtime.control", "mpca.runtime.jobs", "mpca.runtime.exchange", "mpca.runtime.scatter",
-                 "mpca.runtime.record", "mpca.runtime.reports", "mpca.algorithm.wire", "mpca.algorithm.weighted_sum"]
+                 "mpca.runtime.record", "mpca.runtime.reports", "mpca.algorithm.wire", "mpca.algorithm.weighted_sum",
+                 "mpca.exchange.partials", "mpca.exchange.timeouts"]
 
 
 def test_the_control_and_exchange_tasks_modules_import_without_torch():
