@@ -1,6 +1,12 @@
-"""Plans (job gradients) for the three workloads at the measured targets; prints and writes JSON."""
-import json, sys, time
-sys.path.insert(0, "/work/main")
+"""Plans (job gradients) for the three workloads at the measured targets; prints the tables and writes JSON.
+
+From a checkout:  python docs/results/2026-11-28-plan/plans.py [teacher lm lm24 resnet]
+(ROWS=200000 SEEDS=2 for the teacher's second setting; OUT=<dir> for the JSON, default the current directory)."""
+import json, os, pathlib, sys, time
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+OUT = os.path.abspath(os.environ.get("OUT", "."))
+sys.path.insert(0, str(ROOT))
+os.chdir(ROOT)  # the job configs' paths (conf/*.yaml)
 from mpca.config import load_config
 from mpca.models import training_functions
 from mpca.sim.measure import exchanged_values
@@ -13,7 +19,6 @@ CASES = {
     "lm24": ("conf/lm.yaml", {}, dict(target_loss=2.4), 256),
     "resnet": ("conf/resnet20.yaml", {"batch_size": 16}, dict(target_error=0.06), 500),
 }
-import os
 ROWS, SEEDS = int(os.environ.get("ROWS", 50000)), int(os.environ.get("SEEDS", 1))
 which = sys.argv[1:] or list(CASES)
 for name in which:
@@ -30,4 +35,4 @@ for name in which:
     print(f"== {name} ({time.time() - t0:.0f} s wall)")
     print(table(res))
     print(gain_line(res))
-    json.dump(res.to_dict(), open(f"/tmp/m/plan-{name}-{ROWS}-{SEEDS}.json", "w"), indent=1, default=str)
+    json.dump(res.to_dict(), open(os.path.join(OUT, f"plan-{name}-{ROWS}-{SEEDS}.json"), "w"), indent=1, default=str)
