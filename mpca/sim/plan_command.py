@@ -21,8 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", help="package.module:factory returning your torch.nn.Module")
     model.add_argument("--parameters", type=int, help="your model's parameter count (the teacher MLP sized to it)")
-    model.add_argument("-c", "--config", help="your job's YAML (as mpca train -c): its model, optimizer and batch size, "
-                       "and a pilot on a sample of its rows that measures your task's gradient noise scale")
+    model.add_argument("-c", "--config", help="your job's YAML (as mpca train -c): its model, optimizer and batch size; "
+                       "every cell trains that model on a sample of the job's rows (see --gradients)")
     step = p.add_mutually_exclusive_group(required=True)
     step.add_argument("--step-s", type=float, help="device time of one training step (s)")
     step.add_argument("--measure", action="store_true", help="time a few steps of the model on this host (CPU "
@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="one agent's batch (default: the job's with -c, "
                    "else 64)")
     p.add_argument("--noise-scale", type=float, default=None, help="your task's gradient noise scale B in samples, "
-                   "if you know it (-c measures it): corrects the proxy's gain from more agents")
+                   "if you know it (-c --gradients proxy measures it): corrects the proxy's gain from more agents")
     p.add_argument("--pilot-steps", type=int, default=None, help="training steps before a noise scale is measured "
                    "(default: mpca.sim.noise.PILOT_STEPS)")
     p.add_argument("--gradients", choices=["job", "proxy"], default="job", help="with -c: train your job's own model "
