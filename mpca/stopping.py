@@ -2,26 +2,11 @@
 from __future__ import annotations
 
 import math
-import statistics
 import time
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:  # not at run time: the exchange tasks import this module (via the roster) without torch
     from mpca.config import StopSection
-
-SILENT_WAIT_CYCLES, SILENT_WAIT_MIN_S, SILENT_WAIT_MAX_S = 5, 2.0, 10.0
-
-
-def silent_agent_wait_s(configured: Optional[float], recent_cycles_s: Sequence[float]) -> float:
-    """How long a cycle waits for an agent that does not answer before the run goes on without it (counted
-    absent: hung, or its executor lost) — ``cluster.agent_wait_s`` when set, else 5 × the median recent cycle
-    within 2–10 s (10 s before any cycle ended).  The runtime's roster and the simulator both ask this."""
-    if configured is not None:
-        return configured
-    if not recent_cycles_s:
-        return SILENT_WAIT_MAX_S
-    return min(SILENT_WAIT_MAX_S, max(SILENT_WAIT_MIN_S, SILENT_WAIT_CYCLES * statistics.median(recent_cycles_s)))
-
 
 LN2 = math.log(2.0)
 

@@ -2,6 +2,10 @@
 (:mod:`mpca.runtime`) and the virtual-clock simulator (:mod:`mpca.sim`) both drive, each written once, with no
 Spark, no sockets and no clock of its own.
 
+- :mod:`mpca.exchange.schedule`: the 3-phase schedule (which shard a cycle reduces and broadcasts, when a reduction
+  is staged, hand-ins, the pending reduction of a checkpoint).
+- :mod:`mpca.exchange.presence`: the presence book (absent, joining, not started, left; the bounded wait; the
+  ``training.min_agents`` rule).
 - :mod:`mpca.exchange.partials`: the partial sums of Eq. 9 a reduction carries, how two combine, and the sum the
   driver rule takes (decoded, finite).
 - :mod:`mpca.exchange.agent_step`: an agent's training step with its rule's hooks in order, and its contribution

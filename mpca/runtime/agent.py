@@ -32,7 +32,8 @@ from mpca.data.stream import ramp_rows
 from mpca.exchange.agent_step import finite, forward_backward, optimizer_step, wire_bytes
 from mpca.exchange.device import ComputeModel, DeviceClock
 from mpca.exchange.timeouts import TASK_TIMEOUT_S
-from mpca.runtime import placement
+from mpca.runtime import placement, protocol
+from mpca.runtime.protocol import AGENT_OPS, SERVICE_OPS
 from mpca.runtime.channel import Channel, ChannelError, listen
 from mpca.runtime.cluster import visible_gpus
 from mpca.runtime.initial import InitialModel, rebuild
@@ -208,7 +209,7 @@ class Agent:
         while not self.stop_requested:
             time.sleep(LEAVE_POLL_S)
             try:
-                reply, _ = self._leave_watch.request({"op": "poll", "agent": self.id})
+                reply, _ = self._leave_watch.request(protocol.header(SERVICE_OPS, "poll", agent=self.id))
             except Exception as e:  # noqa: BLE001 - the driver gone: the exchange's idle timeout ends the agent
                 if not self.stop_requested:
                     log.warning("agent %s: cannot ask the driver whether to leave: %s", self.id, e)
@@ -220,7 +221,7 @@ class Agent:
         """Its executor is being decommissioned: hand in what the joint model lacks, then say it leaves."""
         if self.service is not None:  # agent-initiated: the rule's own last exchange with the service
             self.rule.hand_in()
-            self.service.request({"op": "leave", "agent": self.id})
+            self.service.request(protocol.header(SERVICE_OPS, "leave", agent=self.id))
             return
         parts = []  # (shard, vector, weight, report)
         with self.lock:  # the training loop has ended; no exchange task can reach this executor any more
@@ -229,8 +230,9 @@ class Agent:
                 if got is not None and got[1] > 0 and bool(torch.isfinite(got[0]).all()):
                     parts.append((s, *got))
         payload = b"".join(np.ascontiguousarray(v.numpy(), dtype=self.codec.dtype).tobytes() for _, v, _, _ in parts)
-        self._leave_watch.request({"op": "leave", "agent": self.id, "shards": [p[0] for p in parts],
-                                   "weights": [float(p[2]) for p in parts], "extras": [p[3] for p in parts]}, payload)
+        self._leave_watch.request(protocol.header(SERVICE_OPS, "leave", agent=self.id, shards=[p[0] for p in parts],
+                                                  weights=[float(p[2]) for p in parts],
+                                                  extras=[p[3] for p in parts]), payload)
 
     # ------------------------------------------------------------------ training
     def _should_stop(self) -> bool:
@@ -442,8 +444,8 @@ class Agent:
         """A replacement of an agent-initiated algorithm (Spark retried its task), an elastic run's agent or one
         that rebuilt other initial weights (``rebuilt_other``): before its rule is built, the local model becomes
         the parameter service's current model (the driver rule's join vectors, exact)."""
-        _, payload = self.service.request({"op": "join", "agent": self.id, "attempt": self.attempt,
-                                           "rebuilt_other": rebuilt_other})
+        _, payload = self.service.request(protocol.header(SERVICE_OPS, "join", agent=self.id, attempt=self.attempt,
+                                                          rebuilt_other=rebuilt_other))
         with torch.no_grad():
             for s, p in enumerate(self._joint_pieces(payload)):
                 torch._foreach_copy_(self.shards.views(s), p)
@@ -465,7 +467,11 @@ class Agent:
         log.info("agent %s (attempt %d) joined from the joint model", self.id, self.attempt)
 
     def handle(self, header: dict, payload: bytearray):
-        op = header.get("op")
+        """Answer one request of the driver's tasks (:data:`~mpca.runtime.protocol.AGENT_OPS`, checked first)."""
+        try:
+            op = protocol.check(AGENT_OPS, header).name
+        except ValueError as e:
+            return {"error": f"bad request {header.get('op')!r}: {e}"}, None
         self.last_contact = time.time()
         if op == "hello":
             return self.report().to_dict(), None

@@ -17,6 +17,8 @@ import torch
 from mpca.algorithm import DriverRule, WeightedSum
 from mpca.algorithm.wire import Codec, ErrorFeedback
 from mpca.exchange.service import serve
+from mpca.runtime import protocol
+from mpca.runtime.protocol import SERVICE_OPS
 from mpca.runtime.reports import AgentReport
 from mpca.runtime.service import ParameterService
 
@@ -56,13 +58,14 @@ class DriverService:
         return self.server.address
 
     def _handle(self, header: dict, payload: bytearray):
-        agent = int(header["agent"])
+        protocol.check(SERVICE_OPS, header, algorithm_ops=True)  # an algorithm's own request: its rule checks more
+        op, agent = header["op"], int(header["agent"])
         if not 0 <= agent < self.agents:
             raise ValueError(f"no agent {agent} in this run")
-        if header.get("op") == "poll":  # a driver-initiated algorithm's agent asks whether to leave
+        if op == "poll":  # a driver-initiated algorithm's agent asks whether to leave
             with self.cond:
                 return {"ok": True, "leave": agent in self.leaving}, None
-        if header.get("op") == "leave":  # its last exchange is in (or comes with this request): it stops
+        if op == "leave":  # its last exchange is in (or comes with this request): it stops
             contributions = self._contributions(agent, header, payload) if payload else []
             with self.cond:
                 self._handed_in.extend(contributions)
@@ -71,8 +74,8 @@ class DriverService:
                 self.cond.notify_all()
             return {"ok": True}, None
         if not self.serves:
-            raise ValueError(f"op {header.get('op')!r}: this run's algorithm has no parameter service")
-        if header.get("op") == "join":  # a replacement agent: the model it starts from, exact
+            raise ValueError(f"op {op!r}: this run's algorithm has no parameter service")
+        if op == "join":  # a replacement agent: the model it starts from, exact
             vec = torch.cat([v.reshape(-1) for v in self.rule.join_vectors()])
             data = np.ascontiguousarray(vec.numpy(), dtype=self.codec.dtype).tobytes()
             with self.cond:

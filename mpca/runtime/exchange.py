@@ -29,7 +29,8 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 from mpca.algorithm.wire import Codec
 from mpca.exchange.timeouts import TASK_TIMEOUT_S
 from mpca.exchange.partials import contribution
-from mpca.runtime import placement
+from mpca.runtime import placement, protocol
+from mpca.runtime.protocol import AGENT_OPS
 from mpca.runtime.channel import Channel, ChannelError
 from mpca.runtime.record import ExchangeRecord
 from mpca.runtime.reports import AgentReport
@@ -80,7 +81,8 @@ def _claim(plan: ExchangePlan):
             except (OSError, ChannelError):
                 continue
             try:
-                header, _ = ch.request({"op": "claim", "token": plan.token, "for": plan.op}, timeout=wait)
+                header, _ = ch.request(protocol.header(AGENT_OPS, "claim", token=plan.token, **{"for": plan.op}),
+                                       timeout=wait)
             except (OSError, ChannelError):
                 ch.close()
                 continue
@@ -97,8 +99,8 @@ def _deliver(plan: ExchangePlan, ch: Channel, bcast, entry: AgentReport) -> None
     data = memoryview(bcast.value)  # encoded by the driver (a join: the whole model in the values' own dtype)
     entry.t_bc_loaded = time.time()
     op = "join" if plan.op == "join" else "deliver"
-    header, _ = ch.request({"op": op, "shard": plan.bcast_shard, "cycle": plan.cycle, "params": plan.params or {}},
-                           data, timeout=plan.timeout_s)
+    header, _ = ch.request(protocol.header(AGENT_OPS, op, shard=plan.bcast_shard, cycle=plan.cycle,
+                                           params=plan.params or {}), data, timeout=plan.timeout_s)
     entry.bytes_down = len(data)
     if not header.get("ok"):
         entry.error = f"deliver refused: {header}"
@@ -109,10 +111,10 @@ def _yield(plan: ExchangePlan, ch: Channel, entry: AgentReport, rec: ExchangeRec
     """Ask the claimed agent for its shard and weight (the YieldContext)."""
     counted = (plan.counted or {}).get(entry.agent)
     known = (plan.pids or {}).get(entry.agent)
-    header, payload = ch.request({"op": "yield", "shard": plan.reduce_shard, "params": plan.params or {},
-                                  "cycle": plan.cycle, "counted": None if counted is None else list(counted),
-                                  "rejoin": plan.pids is not None and known != entry.pid,
-                                  "timeout_s": plan.timeout_s}, timeout=plan.timeout_s + 10)
+    header, payload = ch.request(protocol.header(AGENT_OPS, "yield", shard=plan.reduce_shard, params=plan.params or {},
+                                                 cycle=plan.cycle, counted=None if counted is None else list(counted),
+                                                 rejoin=plan.pids is not None and known != entry.pid,
+                                                 timeout_s=plan.timeout_s), timeout=plan.timeout_s + 10)
     entry.t_yield = time.time()
     if "agent" not in header:  # the agent answered with an error instead of its shard
         entry.error = f"agent {entry.agent} could not yield shard {plan.reduce_shard}: {header.get('error')}"
@@ -172,9 +174,10 @@ def _exchange(plan: ExchangePlan, bcast, t_start: float) -> ExchangeRecord:
         elif plan.op == "cycle":  # one task per agent: hand-off on its own connection while the shard goes up
             _both(plan, ch, bcast, entry, rec)
         elif plan.op == "stop":
-            entry.update(ch.request({"op": "stop"}, timeout=plan.timeout_s)[0])
+            entry.update(ch.request(protocol.header(AGENT_OPS, "stop"), timeout=plan.timeout_s)[0])
         elif plan.op == "holdout":  # the agent's holdout rows up to the driver's cut-off (mpca.data.holdout)
-            header, payload = ch.request({"op": "holdout", **(plan.params or {})}, timeout=plan.timeout_s)
+            header, payload = ch.request(protocol.header(AGENT_OPS, "holdout", **(plan.params or {})),
+                                         timeout=plan.timeout_s)
             rec.rows[entry.agent] = (header, bytes(payload))
     except Exception as e:  # reported to the driver, which fails the run with this message
         entry.error = f"{plan.op} failed on executor {placement.executor_id()}: {e!r}"

@@ -1,23 +1,17 @@
-"""The driver's 3-phase pipeline (§4.2, Fig. 8): stage → broadcast → reduce, one reduce job per cycle and,
-concurrent with it, a deliver job for the broadcast shard.
+"""The driver's 3-phase pipeline (§4.2, Figs. 6–8) run with Spark: stage → broadcast → reduce, one reduce job per
+cycle and, concurrent with it, a deliver job for the broadcast shard.
 
-Cycle ``c`` reduces the shard the algorithm's driver rule names (``c mod S``).
-With S ≥ 3 the shard reduced in cycle ``c - 1`` is *staged* (the driver rule's
-:meth:`~mpca.algorithm.DriverRule.on_reduced` — for MPCA Eqs. 9 → 8 → 4 → 5 —
-and a new broadcast variable) on the driver while job ``c`` runs, and
-broadcast by job ``c + 1``: after warm-up one shard is being reduced, one
-broadcast and one staged at every moment.  With S = 2 (Fig. 7) and S = 1
-(Fig. 6) staging happens between jobs and the shard reduced in ``c - 1`` is
-broadcast by job ``c``.  The first reduction of a pipeline is staged between
-jobs whatever S (:meth:`~mpca.algorithm.DriverRule.stage_lag`): nothing runs
-to overlap it with, and the fill takes a cycle less.  MPCA stages every reduction between jobs by default
-(``algorithm.mpca.stage: between``, :meth:`mpca.algorithm.mpca.MPCADriver.stage_lag`): its projections reach
-the agents a cycle sooner, for a cycle longer by the staging.
+The schedule — which shard cycle ``c`` reduces (``c mod S``), which staged shard its job broadcasts, when a
+reduction is staged (while the next job runs with S ≥ 3, between jobs with S ≤ 2, the first at once), what leaving
+agents handed in — is the exchange core's :class:`~mpca.exchange.schedule.PhaseSchedule`, which the simulator
+drives too; a staged shard is published here as a Spark broadcast variable.  MPCA stages every reduction between
+jobs by default (``algorithm.mpca.stage: between``, :meth:`mpca.algorithm.mpca.MPCADriver.stage_lag`): its
+projections reach the agents a cycle sooner, for a cycle longer by the staging.
 
 Agent-initiated algorithms (``exchange = "service"``) exchange through the
 parameter service instead; their cycles run no Spark job and only observe.
 
-The pipeline is only this schedule.  Who is present, absent or joining is the
+This module runs the schedule's cycles as Spark jobs.  Who is present, absent or joining is the
 :class:`~mpca.runtime.roster.AgentRoster`'s; the broadcasts' lifetimes are
 :class:`~mpca.runtime.broadcasts.Broadcasts`'; submitting a job is
 :class:`~mpca.runtime.jobs.ExchangeJobs`'; what a job returns is an
@@ -33,14 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 
 from mpca.algorithm import Algorithm, DriverRule, WeightedSum
 from mpca.algorithm.wire import Codec
 from mpca.exchange.timeouts import TASK_TIMEOUT_S
 from mpca.errors import RunFailedError, UserError
-from mpca.exchange.partials import Partial, combine, decoded, driver_sum
+from mpca.exchange.schedule import PhaseSchedule, StageOutcome
 from mpca.runtime.broadcasts import Broadcasts
 from mpca.runtime.exchange import ExchangePlan
 from mpca.runtime.jobs import ExchangeJobs
@@ -53,16 +46,6 @@ from mpca.runtime.timeline import CycleRecord, Timeline
 log = logging.getLogger("mpca.pipeline")
 
 MAX_CORRECTIONS = 5
-
-
-def _finite(cycle: int, shard: int, partial: Partial) -> Optional[WeightedSum]:
-    """The treeReduce result as the driver rule takes it (:func:`~mpca.exchange.partials.driver_sum`), or None
-    with a warning when it holds NaN/Inf."""
-    ws = driver_sum(partial)
-    if ws is None:
-        log.warning("cycle %d: the reduction of shard %d holds NaN/Inf; not applied to the joint model", cycle, shard)
-    return ws
-
 
 
 def agent_failure(agent: int, message: str, user_error: bool) -> Exception:
@@ -102,13 +85,11 @@ class ExchangePipeline:
         self.broadcasts = Broadcasts(sc, codec)
         self.timeline = timeline or Timeline()
         self.S = rule.num_shards
-        self.lag = rule.stage_lag()
-        self._pending = None  # (cycle, shard, record) reduced but not yet staged
-        self._filling = True  # no reduction yet: the first is staged at once (DriverRule.stage_lag)
+        self.schedule: PhaseSchedule = PhaseSchedule(rule, lambda shard, vec: self.broadcasts.create(vec, shard),
+                                                     self.broadcasts.destroy)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpca-exchange")
         self.last_agent_reports: Dict[int, AgentReport] = {}
         self.silent = silent
-        self._handed_in: Dict[int, List[Tuple[int, WeightedSum, dict]]] = {}  # shard -> (agent, contribution, extra)
 
     def job_with_corrections(self, reduce: ExchangePlan, deliver: Optional[ExchangePlan], bc, description: str,
                              rec: CycleRecord) -> ExchangeRecord:
@@ -177,32 +158,19 @@ class ExchangePipeline:
     def hand_in(self, agent: int, shard: int, contribution: WeightedSum, extra: dict) -> None:
         """A leaving agent's last contribution of ``shard`` (over the driver's service: no task reaches a
         decommissioning executor): added to the next reduction of that shard the driver rule takes it in."""
-        self._handed_in.setdefault(shard, []).append((agent, contribution, extra))
-
-    def _with_handed_in(self, shard: int, partial: WeightedSum, rec: CycleRecord) -> WeightedSum:
-        for agent, contribution, extra in self._handed_in.pop(shard, []):
-            if self.rule.takes_hand_in(shard, extra):
-                partial = combine(partial, contribution)
-                rec.handed_in.append(agent)
-            else:
-                log.info("agent %s's handed-in shard %d came too late for its reduction; dropped", agent, shard)
-        return partial
+        self.schedule.hand_in(agent, shard, contribution, extra)
 
     # ------------------------------------------------------------------ phases
-    def _stage(self, cycle: int, shard: int, result: ExchangeRecord, rec: CycleRecord, lag: int) -> None:
-        """Stage phase: the driver rule's update of the reduced shard (with what leaving agents handed in), then
-        a new broadcast variable, for cycle ``cycle + lag``."""
-        rec.stage_shard, rec.stage_start = shard, time.time()
-        partial = _finite(cycle, shard, result.partial)
-        if partial is None:
-            rec.rejected = True
-            rec.stage_end = time.time()
+    @staticmethod
+    def _staged(rec: CycleRecord, staging: Callable[[], Optional[StageOutcome]]) -> None:
+        """Stage phase (:class:`~mpca.exchange.schedule.PhaseSchedule`), timed into the cycle's record."""
+        t0 = time.time()
+        outcome = staging()
+        if outcome is None:
             return
-        partial = self._with_handed_in(shard, partial, rec)
-        out = self.rule.on_reduced(cycle, shard, partial)
-        if out is not None:
-            self.broadcasts.stage(cycle + lag, shard, out)
-        rec.stage_end = time.time()
+        rec.stage_shard, rec.stage_start, rec.stage_end = outcome.shard, t0, time.time()
+        rec.rejected = outcome.rejected
+        rec.handed_in.extend(outcome.handed_in)
 
     def _observe(self, c: int) -> CycleRecord:
         """A cycle of an agent-initiated algorithm: no Spark job, the parameter service's latest reports."""
@@ -227,10 +195,8 @@ class ExchangePipeline:
     def cycle(self, c: int) -> CycleRecord:
         if self.exchange == "service":
             return self._observe(c)
-        r = self.rule.reduce_shard(c)
-        first, self._filling = self._filling and self._pending is None, False  # a resumed run's pending: not first
-        staged = self.broadcasts.take(c)
-        params = self.rule.cycle_params(c)
+        opened = self.schedule.open(c)
+        r, staged, params = opened.shard, opened.staged, opened.params
         counted, pids, plan = self.roster.counted(), dict(self.roster.pids), self.jobs.plan
         numel = self.rule.shard_numel
         two_jobs = bool(staged) and (self.split_tasks or (not self.rule.deliver_before_yield
@@ -245,17 +211,16 @@ class ExchangePipeline:
             deliver = None
         desc = f"mpca cycle {c}: reduce shard {r}" + (f", broadcast shard {staged.shard}" if staged else "")
         rec = CycleRecord(c, r, staged.shard if staged else None, t_submit=time.time(), jobs=2 if two_jobs else 1)
-        fut = self._pool.submit(self.job_with_corrections, reduce, deliver, staged.bc if staged else None, desc, rec)
-        if self.lag == 2 and self._pending is not None:
-            self._stage(*self._pending, rec, self.lag)  # concurrent with job c
-            self._pending = None
+        bc = staged.payload if staged else None
+        fut = self._pool.submit(self.job_with_corrections, reduce, deliver, bc, desc, rec)
+        self._staged(rec, self.schedule.overlap)  # concurrent with job c
         result = fut.result()
         rec.t_end = time.time()
         self.roster.cycle_took(rec.t_end - rec.t_submit)
         if not self.split_tasks and not self.rule.deliver_before_yield:  # corrections included: a layout's cost
             self.layout.observe(two_jobs if staged is not None else None, rec.t_end - rec.t_submit)
         if staged is not None:
-            self.broadcasts.destroy(staged.bc)
+            self.broadcasts.destroy(staged.payload)
         rec.agents = dict(result.agents)
         rec.delivered = dict(result.delivered)
         self.last_agent_reports.update(rec.agents)
@@ -265,44 +230,22 @@ class ExchangePipeline:
         bcs = [e.t_bc for e in rec.delivered.values() if e.t_bc]
         rec.reduce_start = min(yields) if yields else None
         rec.bcast_end = max(bcs) if bcs else None
-        lag = self.rule.stage_lag(first=first)
-        if lag == 1:
-            self._stage(c, r, result, rec, lag)
-        else:
-            self._pending = (c, r, result)
+        self._staged(rec, lambda: self.schedule.close(opened, result.partial))
         self.join(rec)
         self.timeline.add(rec)
         return rec
 
     def pending_state(self) -> Optional[Dict[str, object]]:
-        """The reduction received but not staged yet (3-phase pipeline), for checkpoints: without it a resume
-        would drop one shard's reduction."""
-        if self._pending is None:
-            return None
-        c, r, result = self._pending
-        p = decoded(result.partial)
-        total = None if p.total is None else torch.from_numpy(np.array(p.total))
-        return {"cycle": c, "shard": r, "total": total, "weight": float(p.weight)}
+        """The reduction received but not staged yet, for checkpoints (:meth:`PhaseSchedule.pending_state`)."""
+        return self.schedule.pending_state()
 
     def restore_pending(self, state: Optional[Dict[str, object]]) -> None:
-        """Take back a checkpoint's pending reduction: staged with the first cycle, as if never interrupted; where
-        this run stages between jobs (a checkpoint of an overlapped run), applied to the joint model at once."""
-        if state is not None:
-            total = state["total"]
-            partial = WeightedSum(None if total is None else total.numpy(), float(state["weight"]))
-            self._pending = (int(state["cycle"]), int(state["shard"]), ExchangeRecord(partial=partial))
-            if self.lag == 1:  # no cycle would stage it
-                self.flush()
+        """Take back a checkpoint's pending reduction (:meth:`PhaseSchedule.restore_pending`)."""
+        self.schedule.restore_pending(state)
 
     def flush(self) -> None:
         """Stage whatever was reduced but not staged yet, so the joint model holds every reduction."""
-        if self._pending is not None:
-            c, r, result = self._pending
-            self._pending = None
-            partial = _finite(c, r, result.partial)
-            if partial is not None:
-                self.rule.on_reduced(c, r, partial)
-        self.broadcasts.drop_staged()
+        self.schedule.flush()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

@@ -1,9 +1,7 @@
-"""The driver's 3-phase pipeline (§4.2, Figs. 6–8; ``mpca/runtime/pipeline.py``) in virtual time.
-
-Cycle c reduces shard ``rule.reduce_shard(c)`` with ``rule.cycle_params(c)``.  With S ≥ 3 the shard reduced in
-cycle c − 1 is staged (``rule.on_reduced``, then encoded with the driver's error feedback per shard) when job c
-starts and broadcast by job c + 1; with S ≤ 2 it is staged when job c − 1 ends and broadcast by job c; the first
-reduction is staged when its job ends whatever S (``DriverRule.stage_lag``, as the runtime's pipeline).
+"""The driver's 3-phase pipeline (§4.2, Figs. 6–8) in virtual time: the exchange core's schedule
+(:class:`~mpca.exchange.schedule.PhaseSchedule` — which shard a cycle reduces and broadcasts, when a reduction is
+staged), driven by the virtual clock, as the runtime's pipeline drives it with Spark jobs.  A staged shard is
+published encoded with the driver's error feedback per shard.
 
 A job's times come from the network model (:mod:`mpca.sim.network`): it starts ``job_overhead_s`` after its
 submission; the broadcast reaches every agent after :func:`~mpca.sim.network.broadcast_time`, where the
@@ -19,7 +17,7 @@ exchange's CPU is spent (:func:`~mpca.sim.network.exchange_cpu_time`, none unles
 next cycle starts then, or ``cycle_interval_s`` after this one started.
 
 Agents that hang or are lost (:mod:`mpca.sim.presence`): a job waits for an agent whose process does not answer
-its task (the runtime's claim) at most :func:`~mpca.stopping.silent_agent_wait_s` after it starts running, then
+its task (the runtime's claim) at most the presence book's bounded wait after it starts running, then
 counts it absent and reduces what it has (or nothing) — an agent that answered but has not yielded yet (a round
 in progress) is waited for, as the runtime's yield waits, and a lost one fails its task at once.  A job does not
 wait for absent agents but takes their contribution while it is open, and while one of them is stopped its tasks'
@@ -30,28 +28,25 @@ changes.  Corrective jobs are not simulated: a task always finds its agent.
 """
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 
 from mpca.algorithm.base import DriverRule
 from mpca.algorithm.wire import Codec, ErrorFeedback
-from mpca.exchange.partials import Partial, contribution, driver_sum, fold
+from mpca.exchange.partials import Partial, contribution, fold
+from mpca.exchange.schedule import CycleOpen, PhaseSchedule
 from mpca.sim.clock import VirtualClock
 from mpca.sim.network import (broadcast_time, driver_copies, driver_partials, exchange_cpu_time, tree_groups,
                               tree_levels, tree_reduce_arrival)
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.presence import Presence
 from mpca.sim.result import CycleStat
-from mpca.stopping import silent_agent_wait_s
 
 
 @dataclass
 class Job:
-    cycle: int
-    shard: int
-    params: dict
+    opened: CycleOpen
     submitted: float
     yield_at: float
     bcast_end: float
@@ -80,68 +75,54 @@ class VirtualPipeline:
     hands an agent an encoded broadcast; ``contribute(agent, shard, params)`` returns (bytes, weight, extra) or None
     when the agent's rule is not ready to yield (the simulator calls :meth:`offer` after its next step); it is asked
     only while ``presence`` says the agent's process can answer. ``presence``: who is absent or joining;
-    ``join(agents, params, t)`` hands replacements the joint model (``join_bytes``: its size on the wire);
-    ``agent_wait_s``: the configured bound of the wait for a silent agent (None: the runtime's default rule)."""
+    ``join(agents, params, t)`` hands replacements the joint model (``join_bytes``: its size on the wire)."""
 
     def __init__(self, clock: VirtualClock, rule: DriverRule, agents: int, codec: Codec, net: NetworkConstants,
                  interval_s: float, deliver: Callable, contribute: Callable, numel: Callable[[int], int],
-                 presence: Optional[Presence] = None, join: Optional[Callable] = None, join_bytes: int = 0,
-                 agent_wait_s: Optional[float] = None):
+                 presence: Optional[Presence] = None, join: Optional[Callable] = None, join_bytes: int = 0):
         self.clock, self.rule, self.K, self.codec, self.net = clock, rule, agents, codec, net
         self.interval_s = interval_s
         self.deliver, self.contribute, self.numel = deliver, contribute, numel
         self.presence = presence if presence is not None else Presence(agents)
-        self.join, self.join_bytes, self.agent_wait_s = join, join_bytes, agent_wait_s
-        self.durations: collections.deque = collections.deque(maxlen=20)  # recent cycles: the bounded wait
+        self.join, self.join_bytes = join, join_bytes
         self.present = agents  # as the driver rule last heard it (on_membership)
-        self.lag = rule.stage_lag()
         self.feedback = ErrorFeedback(codec)  # the driver's broadcasts, one residual per shard
-        self.staged: Dict[int, Tuple[int, bytes]] = {}  # cycle whose job carries it → (shard, encoded)
-        self.pending: Optional[Tuple[int, int, Partial]] = None  # reduced, not yet staged (lag 2)
+        self.schedule: PhaseSchedule[bytes] = PhaseSchedule(
+            rule, lambda shard, vec: self.feedback.encode(shard, vec.numpy()))
         self.job: Optional[Job] = None
         self.stats: List[CycleStat] = []
-        self.rejected = 0
         self.cycle_no = 0
 
     def start(self, t: float) -> None:
         self.clock.schedule(t, self._cycle)
 
-    # ------------------------------------------------------------------ phases
-    def _stage(self, cycle: int, shard: int, partial: Partial, lag: int) -> None:
-        ws = driver_sum(partial)
-        if ws is None:
-            self.rejected += 1
-            return
-        out = self.rule.on_reduced(cycle, shard, ws)
-        if out is not None:
-            self.staged[cycle + lag] = (shard, self.feedback.encode(shard, out.numpy()))
+    @property
+    def rejected(self) -> int:
+        """Reductions not applied: their sum held NaN/Inf."""
+        return self.schedule.rejected
 
     def _cycle(self, t: float) -> None:
-        c = self.cycle_no
-        shard = self.rule.reduce_shard(c)
-        staged = self.staged.pop(c, None)
-        params = self.rule.cycle_params(c)
-        if self.lag == 2 and self.pending is not None:
-            self._stage(*self.pending, self.lag)  # concurrent with job c
-            self.pending = None
+        opened = self.schedule.open(self.cycle_no)
+        staged, params = opened.staged, opened.params
+        self.schedule.overlap()  # concurrent with the job
         run = t + self.net.job_overhead_s
-        bcast_bytes = len(staged[1]) if staged else 0
+        bcast_bytes = len(staged.payload) if staged else 0
         bcast_end = run + broadcast_time(self.K, bcast_bytes, self.net) if staged else run
         waits = staged and self.rule.deliver_before_yield and not self.net.split_tasks  # one task does both
         yield_at = bcast_end if waits else run
         absent = set(self.presence.absent)
         stopped = any(self.presence.stopped(a, run) for a in absent)  # its socket accepts, then the claim times out
-        job = Job(c, shard, params, t, yield_at, bcast_end, staged[0] if staged else None, bcast_bytes,
+        job = Job(opened, t, yield_at, bcast_end, staged.shard if staged else None, bcast_bytes,
                   waiting=set(range(self.K)) - absent, optional=absent,
                   not_before=run + self.net.absent_claim_s if stopped else 0.0)
         self.job = job
         if staged:
             for a in range(self.K):  # scheduled before the yields: a delivery at the same instant comes first
-                self.clock.schedule(bcast_end, lambda when, a=a: self.deliver(a, staged[0], staged[1], params, when))
+                self.clock.schedule(bcast_end,
+                                    lambda when, a=a: self.deliver(a, staged.shard, staged.payload, params, when))
         for a in range(self.K):
             self.clock.schedule(yield_at, lambda when, a=a: self.offer(a, when))
-        wait_s = silent_agent_wait_s(self.agent_wait_s, self.durations)
-        self.clock.schedule(run + wait_s, lambda when: self._give_up(job, when))
+        self.clock.schedule(run + self.presence.wait_s(), lambda when: self._give_up(job, when))
 
     def _give_up(self, job: Job, t: float) -> None:
         """The bounded wait is over: agents whose process never answered the task (the runtime's claim) are
@@ -150,7 +131,7 @@ class VirtualPipeline:
         silent = job.waiting - job.claimed
         if job.closed or not silent:
             return
-        self.presence.count_absent(silent)
+        self.presence.count_absent(silent, t)
         job.waiting -= silent
         if not job.waiting:
             self._close_without(job, t)
@@ -163,7 +144,7 @@ class VirtualPipeline:
         job.closed = True  # nobody answered: no reduction this cycle
         job.missing = list(range(self.K))
         end = max(t, job.not_before)
-        stat = CycleStat(job.cycle, job.submitted, end, job.shard, job.bcast_shard, bytes_in=0,
+        stat = CycleStat(job.opened.cycle, job.submitted, end, job.opened.shard, job.bcast_shard, bytes_in=0,
                          bytes_out=int(round(driver_copies(self.K, self.net) * job.bcast_bytes)), bytes_up=0,
                          missing=job.missing)
         self.clock.schedule(end, lambda when: self._end(job, None, stat, when))
@@ -172,7 +153,7 @@ class VirtualPipeline:
         """``agent``'s process is gone: a task that holds it fails at once (the runtime's yield sees the channel
         close), so the open job stops waiting for it and the run counts it absent."""
         job = self.job
-        self.presence.count_absent([agent])
+        self.presence.count_absent([agent], t)
         if job is None or job.closed or agent not in job.waiting:
             return
         job.waiting.discard(agent)
@@ -188,15 +169,15 @@ class VirtualPipeline:
         if not self.presence.acts(agent, t):  # stopped, lost or not joined: it cannot answer the task
             return
         job.claimed.add(agent)
-        got = self.contribute(agent, job.shard, job.params)
+        got = self.contribute(agent, job.opened.shard, job.opened.params)
         if got is None:
             return
         data, weight, _ = got
-        partial = contribution(data, self.numel(job.shard), weight, self.codec)
+        partial = contribution(data, self.numel(job.opened.shard), weight, self.codec)
         job.partials[agent] = (t, partial, len(data))
         job.waiting.discard(agent)
         job.optional.discard(agent)
-        self.presence.answered(agent)
+        self.presence.answered(agent, t)
         if not job.waiting:  # after the offers due at this instant: an absent agent's answer may be among them
             self.clock.schedule(t, lambda when: self._reduced(job, not_before=job.not_before))
 
@@ -210,7 +191,7 @@ class VirtualPipeline:
         arrival = tree_reduce_arrival([job.partials[a][0] for a in order], nbytes, self.net)
         end = max(arrival, job.bcast_end, not_before) + exchange_cpu_time(self.K, nbytes + job.bcast_bytes, self.net)
         partial = tree_combine([job.partials[a][1] for a in order])
-        stat = CycleStat(job.cycle, job.submitted, end, job.shard, job.bcast_shard,
+        stat = CycleStat(job.opened.cycle, job.submitted, end, job.opened.shard, job.bcast_shard,
                          bytes_in=driver_partials(self.K) * nbytes,
                          bytes_out=int(round(driver_copies(self.K, self.net) * job.bcast_bytes)),
                          bytes_up=sum(b for _, _, b in job.partials.values()), missing=job.missing)
@@ -219,12 +200,8 @@ class VirtualPipeline:
     def _end(self, job: Job, partial: Optional[Partial], stat: CycleStat, t: float) -> None:
         self.stats.append(stat)
         self.job = None
-        self.durations.append(t - job.submitted)
-        lag = self.rule.stage_lag(first=self.cycle_no == 0)
-        if partial is not None and lag == 1:  # None: nobody answered, nothing to stage
-            self._stage(job.cycle, job.shard, partial, lag)
-        elif partial is not None:
-            self.pending = (job.cycle, job.shard, partial)
+        self.presence.cycle_took(t - job.submitted)
+        self.schedule.close(job.opened, partial)  # None: nobody answered, nothing to stage
         self.cycle_no += 1
         present = self.presence.present()
         if present and present != self.present:  # as the runtime: settings that follow K follow the agents present
@@ -235,11 +212,11 @@ class VirtualPipeline:
         if joiners and self.join is not None:  # the runtime's join job, before the next cycle
             done = t + self.net.job_overhead_s + broadcast_time(len(joiners), self.join_bytes, self.net)
             stat.joined = joiners
-            params = self.rule.cycle_params(job.cycle)  # asked again after the staging, as the runtime's join job
+            params = self.rule.cycle_params(job.opened.cycle)  # asked again after the staging, as the runtime's join job
             self.clock.schedule(done, lambda when: self.join(joiners, params, when))
             nxt = max(nxt, done)
         if nxt <= job.submitted:
-            raise ValueError(f"cycle {job.cycle} took no virtual time, so cycles would never let the agents step: "
+            raise ValueError(f"cycle {job.opened.cycle} took no virtual time, so cycles would never let the agents step: "
                              "give the network a job overhead or a finite rate, or the algorithm a "
                              "min_cycle_interval_s")
         self.clock.schedule(nxt, self._cycle)

@@ -7,8 +7,9 @@
   task brings a replacement up ``for_s`` later (scheduling, data read, build), which joins from the driver's
   joint model (``DriverRule.join_vectors``) with a fresh rule and optimizer, as the runtime's replacements do.
 
-The runtime's rules, which the pipeline (:mod:`mpca.sim.cycles`) applies: a cycle waits for an agent whose
-process does not answer its task at most :func:`mpca.stopping.silent_agent_wait_s` (``cluster.agent_wait_s``,
+The runtime's rules, which the pipeline (:mod:`mpca.sim.cycles`) applies with the exchange core's presence book
+(:class:`~mpca.exchange.presence.PresenceBook`, kept here in virtual time): a cycle waits for an agent whose
+process does not answer its task at most :func:`~mpca.exchange.presence.silent_agent_wait_s` (``cluster.agent_wait_s``,
 else 5 × the median recent cycle within 2–10 s), then goes on without it and counts it *absent*; an agent that
 answered but is mid-round is waited for, and a lost one fails its task at once; later cycles do not wait for
 absent agents but take their contribution if it comes in time (the agent is back), and while an absent agent is
@@ -20,7 +21,9 @@ corrective jobs (tasks that landed where no agent was) — a simulated task alwa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+from mpca.exchange.presence import PresenceBook
 
 KINDS = ("hang", "lost")
 
@@ -52,12 +55,14 @@ class Absence:
             raise ValueError(f"an absence is AGENT:AT:FOR in seconds, e.g. 1:20:8, got {text!r}") from None
 
 
-class Presence:
-    """The book of one simulation's agents: each one's process generation (a loss starts the next, and the old
-    process's pending events are dropped), until when it is stopped (a hang), which replacements are up and
-    waiting to join, and which agents the pipeline counts absent."""
+class Presence(PresenceBook):
+    """One simulation's agents: the driver's presence book (:class:`~mpca.exchange.presence.PresenceBook`: whom the
+    pipeline counts absent, the bounded wait) and what the simulator plays of their processes — each one's
+    generation (a loss starts the next, and the old process's pending events are dropped), until when it is stopped
+    (a hang), which replacements are up and waiting to join."""
 
-    def __init__(self, agents: int, absences: Iterable[Absence] = ()):
+    def __init__(self, agents: int, absences: Iterable[Absence] = (), agent_wait_s: Optional[float] = None):
+        super().__init__(range(agents), agent_wait_s)
         self.absences: Tuple[Absence, ...] = tuple(absences)
         bad = [a.agent for a in self.absences if a.agent >= agents]
         if bad:
@@ -67,7 +72,6 @@ class Presence:
         self.stopped_until = [0.0] * agents
         self.gone: Set[int] = set()  # lost, replacement not up yet
         self.up_to_join: Dict[int, float] = {}  # replacement up (since when), not joined yet
-        self.absent: Set[int] = set()  # counted absent by a cycle's bounded wait, not back yet
 
     def _running(self, agent: int) -> bool:
         """Its process exists and has joined (not lost, not a replacement waiting to join)."""
@@ -98,18 +102,9 @@ class Presence:
         """Replacements up by ``t``: the cycle ending at ``t`` hands them the joint model."""
         return sorted(a for a, up in self.up_to_join.items() if up <= t)
 
-    def joined(self, agent: int) -> None:
-        self.up_to_join.pop(agent, None)
-        self.absent.discard(agent)
-
-    def count_absent(self, agents: Iterable[int]) -> None:
-        """A cycle's bounded wait ran out on these agents."""
-        self.absent |= set(agents)
-
-    def answered(self, agent: int) -> None:
-        """Its contribution was taken: present (again)."""
-        self.absent.discard(agent)
-
-    def present(self) -> int:
-        """Agents the run counts present (the driver rule's ``on_membership``): all but those counted absent."""
-        return self.K - len(self.absent)
+    def joined(self, agents: Iterable[int]) -> None:
+        """Replacements that received the joint model: running again, present."""
+        agents = list(agents)
+        for a in agents:
+            self.up_to_join.pop(a, None)
+        super().joined(agents)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Dict, List, Literal, Optional, Tuple
+from typing import Any, List, Literal, Optional, Tuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -161,7 +161,7 @@ class Simulator:
         self.init_state = init_state
         self.rows = [work.agent_rows(a, K) for a in range(K)]
         self.agents: List[SimAgent] = [self._new_agent(a) for a in range(K)]
-        self.presence = Presence(K, cfg.absences)
+        self.presence = Presence(K, cfg.absences, cfg.agent_wait_s)
         self.lost_steps = 0  # steps of processes that were lost (their replacements count from 0)
         self.clocks = [cfg.compute.clock(a) for a in range(K)]
         self.parked: set = set()
@@ -177,7 +177,7 @@ class Simulator:
             self.pipeline = VirtualPipeline(self.clock, self.rule, K, self.codec, cfg.network, algo.cycle_interval_s,
                                             self._deliver, self._contribute, self.layout.shard_numel,
                                             presence=self.presence, join=self._join,
-                                            join_bytes=4 * self.layout.total_numel, agent_wait_s=cfg.agent_wait_s)
+                                            join_bytes=4 * self.layout.total_numel)
         self.result = SimResult(algorithm=algo.name, agents=K, wire=self.wire, constants=cfg.network.to_dict(),
                                 settings={"algorithm": algo.model_dump(mode="json"),
                                           "compute": {"step_s": cfg.compute.step_s, "jitter": cfg.compute.jitter,
@@ -253,7 +253,7 @@ class Simulator:
                     torch._foreach_copy_(ag.shards.views(s), p)
             ag.rule.joined(pieces, params)
             ag.rule.on_reset()
-            self.presence.joined(a)
+            self.presence.joined([a])
             self._later(t, a, self._step)
 
     def _charged(self, a: int) -> float:

@@ -13,7 +13,7 @@ import pytest
 # scatter) and what its pickled arguments are made of (records, reports, the wire's codec)
 EXCHANGE_PATH = ["mpca.runtime.control", "mpca.runtime.jobs", "mpca.runtime.exchange", "mpca.runtime.scatter",
                  "mpca.runtime.record", "mpca.runtime.reports", "mpca.algorithm.wire", "mpca.algorithm.weighted_sum",
-                 "mpca.exchange.partials", "mpca.exchange.timeouts"]
+                 "mpca.exchange.partials", "mpca.exchange.presence", "mpca.exchange.timeouts"]
 
 
 def test_the_control_and_exchange_tasks_modules_import_without_torch():

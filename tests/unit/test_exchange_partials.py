@@ -61,8 +61,12 @@ def _sources():
     (r"rule\.before_step\(\)|rule\.after_step\(\)", "the step's hooks in order"),
     (r"encode\(.*if weight > 0 else", "a contribution encoded for the wire"),
     (r"rule\.serve\(", "the parameter service's handling of a request"),
+    (r"\.on_reduced\(|stage_lag\(|reduce_shard\(", "the 3-phase schedule (which shard, when it is staged)"),
+    (r"absent\.(pop|update|add|discard)\(|absent\s*\|=|absent\[[^]]+\]\s*=", "the presence book's absent agents"),
+    (r"def silent_agent_wait_s|SILENT_WAIT", "the bounded wait for a silent agent"),
 ])
 def test_no_driver_keeps_a_twin_of_the_core(pattern, what):
-    """The runtime and the simulator use mpca.exchange.partials; a copy of it in either goes red here."""
+    """The runtime and the simulator use the exchange core (partials, the step, the service, the schedule, the
+    presence book); a copy of one of them in either goes red here."""
     twins = [rel for rel, text in _sources() if re.search(pattern, text, re.M)]
     assert not twins, f"{what} written outside mpca/exchange: {twins}"

@@ -259,11 +259,11 @@ def test_a_handed_in_contribution_joins_the_next_reduction_of_its_shard_if_the_d
     pipe.hand_in(1, 0, WeightedSum.of(torch.tensor([4.0, 6.0]), 1.0), {"round": 0})
     pipe.hand_in(1, 0, WeightedSum.of(torch.tensor([100.0, 100.0]), 1.0), {"round": 3})  # not this round's
     from_exchange = WeightedSum(torch.tensor([2.0, 2.0]), 1.0)
-    rec = CycleRecord(0, 0, None, t_submit=0.0)
-    rule.on_reduced(0, 0, pipe._with_handed_in(0, from_exchange, rec))  # the stage phase of round 0
-    assert rule.joint[0].tolist() == [3.0, 4.0] and rec.handed_in == [1]
-    rec = CycleRecord(1, 0, None, t_submit=0.0)
-    assert pipe._with_handed_in(0, from_exchange, rec) is from_exchange and rec.handed_in == []  # taken once
+    pipe.schedule.publish = lambda shard, vec: None  # no SparkContext: nothing to broadcast with
+    outcome = pipe.schedule.close(pipe.schedule.open(0), from_exchange)  # the stage phase of round 0
+    assert rule.joint[0].tolist() == [3.0, 4.0] and outcome.handed_in == [1]
+    outcome = pipe.schedule.close(pipe.schedule.open(1), from_exchange)
+    assert rule.joint[0].tolist() == [2.0, 2.0] and outcome.handed_in == []  # taken once
     pipe.close()
 
 
@@ -294,15 +294,8 @@ def test_the_start_handshake_is_cancelled_the_moment_the_agents_job_ends(monkeyp
     assert time.time() - t < 3 and cancelled.is_set() and waits == [control.HELLO_WAIT_S]
 
 
-def test_a_silent_agent_is_waited_for_five_median_cycles_within_two_to_ten_seconds_or_as_configured():
-    """mpca.stopping.silent_agent_wait_s: the bounded wait the roster (and the simulator) apply."""
-    from mpca.stopping import silent_agent_wait_s
-
-    assert silent_agent_wait_s(None, []) == 10.0  # no cycle has ended yet
-    assert silent_agent_wait_s(None, [0.3, 0.2, 0.4]) == 2.0  # 5 × 0.3 = 1.5, at least 2
-    assert silent_agent_wait_s(None, [1.0, 0.9, 1.4]) == 5.0  # 5 × the median 1.0
-    assert silent_agent_wait_s(None, [3.0]) == 10.0  # 15, at most 10
-    assert silent_agent_wait_s(0.5, [3.0]) == 0.5  # cluster.agent_wait_s wins
+def test_the_rosters_bounded_wait_follows_its_cycles_or_the_setting():
+    """The roster keeps the presence book's bounded wait (tests/unit/test_exchange_presence.py) on its cycles."""
     roster = AgentRoster([0, 1])
     for s in (1.0, 0.9, 1.4):
         roster.cycle_took(s)
