@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test test-gpu test-spark35 wheel-smoke unit demo bench-compare bench-pull bench-exchange clean
+.PHONY: install test test-gpu test-spark35 wheel-smoke unit demo docs bench-compare bench-pull bench-exchange clean
 
 # The second environment: the oldest Spark we support (Databricks 15/16 LTS, CDP 7.3), installed first, then
 # mpca beside it with the other pins — pip must keep that pyspark (tests/spark35 checks it did).
@@ -11,10 +11,25 @@ SPARK35 ?= 3.5.9
 VENV35 ?= .venv-spark35
 PY35 := $(VENV35)/bin/python
 
-$(VENV)/.installed: setup.cfg pyproject.toml constraints.txt
+# One environment, three stamps: each target installs what it needs into $(VENV), in any order from a fresh clone.
+# .installed: the dev extras (`make test`, the benchmarks); .installed-demo: only the package and the extras the demo
+# uses (the bundled digits' scikit-learn, matplotlib for its plot), no MLflow server, Jupyter or hypothesis;
+# .installed-docs: the package and the docs extra (MkDocs, Material, mkdocstrings). A stamp is redone when
+# setup.cfg, pyproject.toml or constraints.txt change; pip leaves what is already installed at the pinned version.
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
+
+$(VENV)/.installed: setup.cfg pyproject.toml constraints.txt | $(VENV)/bin/python
 	$(VENV)/bin/pip install -c constraints.txt -e '.[dev]'
+	touch $@
+
+$(VENV)/.installed-demo: setup.cfg pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(VENV)/bin/pip install -c constraints.txt -e '.[demo,plot]'
+	touch $@
+
+$(VENV)/.installed-docs: setup.cfg pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[docs]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -66,8 +81,15 @@ wheel-smoke: $(VENV)/.installed
 unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed-demo
 	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(VENV)/bin/mpca train --config conf/digits.yaml
+
+# The documentation site (mkdocs.yml, docs/): built strict (a warning, a broken link or reference fails it) into a
+# temporary directory, so the working tree stays clean; `$(VENV)/bin/mkdocs serve` serves it while editing.
+SITE_DIR ?= $(or $(TMPDIR),/tmp)/mpca-site
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --clean -d $(SITE_DIR)
+	@echo "site: $(SITE_DIR)/index.html"
 
 bench-compare: $(VENV)/.installed
 	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(VENV)/bin/mpca bench compare --regime resnet110-gbe \

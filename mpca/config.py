@@ -25,17 +25,20 @@ class _Strict(BaseModel):
 
 
 class RunSection(_Strict):
-    name: str = "mpca-run"
-    output_dir: str = "runs/latest"
+    name: str = Field("mpca-run", description="the run's name: the Spark application name of a session the job "
+                      "starts, and the title of its plots")
+    output_dir: str = Field("runs/latest", description="where the model, history, timeline, resolved config and "
+                            "summary.json go: a local path or a URI (hdfs://, s3a://, abfss://, dbfs:/, file://)")
 
 
 class DataSection(_Strict):
     """How the Trainer reads the DataFrame it is given."""
 
-    features: str = "features"
-    label: str = "label"
+    features: str = Field("features", description="the features column: an array of numbers or an ML vector")
+    label: str = Field("label", description="the label column: a class index (or an array of them, one per position)")
     input_shape: List[int] = Field(default_factory=list, description="per-row tensor shape; [] keeps it flat")
-    holdout: float = Field(0.1, ge=0.0, lt=1.0)
+    holdout: float = Field(0.1, ge=0.0, lt=1.0, description="the share of rows held out for scoring, chosen by a "
+                           "hash of each row with the run's seed (the same rows on any partitioning)")
     holdout_max_rows: int = Field(EVALUATION_ROWS, ge=1, description="the holdout rows evaluated: at most this many, "
                                   "those of the smallest row hash (the same rows every run)")
     agent_memory_mb: Optional[float] = Field(None, ge=0.0, description="an agent whose partition takes more than "
@@ -60,11 +63,11 @@ class TeacherSection(_Strict):
     """The synthetic task ``data.dataset: teacher`` (:mod:`mpca.data.synthetic`): rows generated on the
     executors from their index, labelled by a random tanh teacher; everything follows from ``seed``."""
 
-    rows: int = Field(TeacherTask.rows, ge=1)  # the task's own defaults, named once (mpca.data.synthetic)
-    features: int = Field(TeacherTask.features, ge=1)
-    classes: int = Field(TeacherTask.classes, ge=2)
-    hidden: int = Field(TeacherTask.hidden, ge=1)
-    seed: int = TeacherTask.seed
+    rows: int = Field(TeacherTask.rows, ge=1, description="rows generated")  # the task's own defaults, named once (mpca.data.synthetic)
+    features: int = Field(TeacherTask.features, ge=1, description="standard-normal features per row")
+    classes: int = Field(TeacherTask.classes, ge=2, description="classes the teacher network labels rows with")
+    hidden: int = Field(TeacherTask.hidden, ge=1, description="width of the teacher's tanh hidden layer")
+    seed: int = Field(TeacherTask.seed, description="the seed every row and the teacher follow from")
 
 
 class TextSection(_Strict):
@@ -85,8 +88,9 @@ class JobDataSection(DataSection):
     dataset: Optional[Literal["digits", "mnist5k", "teacher", "pytext"]] = Field(
         "digits", description="a bundled dataset, 'teacher': a synthetic task generated on the executors, or "
         "'pytext': byte windows of the Python standard library's source (a language-model corpus)")
-    teacher: TeacherSection = Field(default_factory=TeacherSection)
-    text: TextSection = Field(default_factory=TextSection)
+    teacher: TeacherSection = Field(default_factory=TeacherSection, description="the synthetic task of "
+                                    "data.dataset: teacher")
+    text: TextSection = Field(default_factory=TextSection, description="the text corpus of data.dataset: pytext")
     path: Optional[str] = Field(None, description="file/directory or URI that Spark reads with data.format")
     holdout_path: Optional[str] = Field(None, description="the rows to score on, read as data.path is (e.g. the "
                                         "holdout/ of `mpca data pytext`): replaces the hash split of data.holdout")
@@ -97,8 +101,10 @@ class JobDataSection(DataSection):
                                     "inferSchema: 'true'} for CSV")
     feature_columns: Optional[List[str]] = Field(None, min_length=1, description="numeric columns assembled into "
                                                  "the features array (tabular sources such as CSV)")
-    input_shape: List[int] = Field(default_factory=lambda: [1, 8, 8])
-    partitions: int = Field(4, ge=1)
+    input_shape: List[int] = Field(default_factory=lambda: [1, 8, 8], description="per-row tensor shape (the "
+                                   "model's input), e.g. [1, 8, 8] for the digits; [] keeps it flat")
+    partitions: int = Field(4, ge=1, description="partitions of the data the job generates (teacher, bundled data "
+                            "sets): at least training.agents of them")
 
     @model_validator(mode="after")
     def _source(self):
@@ -121,22 +127,24 @@ class JobDataSection(DataSection):
 
 class ModelSection(_Strict):
     name: str = Field("small_cnn", description="small_cnn | resnet | mlp | 'package.module:function'")
-    args: Dict[str, Any] = Field(default_factory=dict)
+    args: Dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the model's constructor "
+                                 "or function")
 
 
 class OptimizerSection(_Strict):
-    name: Literal["adam", "sgd", "adamw"] = "adam"
-    lr: float = Field(1e-3, gt=0.0, le=10.0)
-    momentum: float = Field(0.0, ge=0.0, lt=1.0)
-    weight_decay: float = Field(0.0, ge=0.0)
+    name: Literal["adam", "sgd", "adamw"] = Field("adam", description="the torch optimizer each agent steps with")
+    lr: float = Field(1e-3, gt=0.0, le=10.0, description="the optimizer's learning rate")
+    momentum: float = Field(0.0, ge=0.0, lt=1.0, description="momentum (sgd)")
+    weight_decay: float = Field(0.0, ge=0.0, description="weight decay")
 
 
 class TrainingSection(_Strict):
     agents: int = Field(2, ge=1, description="how many agents (one Spark task each); a range MIN-MAX (e.g. 2-4) "
                         "makes the run elastic: it starts once MIN are up and the others join as Spark finds them "
                         "room")
-    batch_size: int = Field(64, ge=1)
-    use_gpus: Optional[bool] = None
+    batch_size: int = Field(64, ge=1, description="rows per mini-batch of each agent's local step")
+    use_gpus: Optional[bool] = Field(None, description="train the agents on GPUs (None: where the executors have "
+                                     "them)")
     agent_cpus: Optional[List[int]] = Field(None, description="pin each agent's training thread to these CPU "
                                             "numbers (e.g. keep a core for it alone); None: no pinning")
     min_agents: int = Field(1, ge=1, description="fewer agents answering than this for cluster.agent_lost_timeout_s "
@@ -210,9 +218,10 @@ class WireSection(_Strict):
 
 
 class StopSection(_Strict):
-    max_cycles: Optional[int] = Field(None, ge=1)
-    max_seconds: Optional[float] = Field(None, gt=0)
-    max_epochs: Optional[float] = Field(None, gt=0)
+    max_cycles: Optional[int] = Field(None, ge=1, description="stop after this many exchange cycles")
+    max_seconds: Optional[float] = Field(None, gt=0, description="stop after this many seconds of the run's clock")
+    max_epochs: Optional[float] = Field(None, gt=0, description="stop after the agents have seen their rows this "
+                                        "many times")
     target_error: Optional[float] = Field(None, ge=0.0, le=1.0, description="stop once the holdout error is at "
                                           "most this (eval.metric: error)")
     target_loss: Optional[float] = Field(None, gt=0.0, description="stop once the holdout loss (nats per label, "
@@ -236,8 +245,10 @@ class StopSection(_Strict):
 
 
 class EvalSection(_Strict):
-    every_cycles: Optional[int] = Field(5, ge=1)
-    every_seconds: Optional[float] = Field(None, gt=0)
+    every_cycles: Optional[int] = Field(5, ge=1, description="score the joint model on the holdout every this many "
+                                        "cycles (after cycles 1, 2, 4, 8 ... before that)")
+    every_seconds: Optional[float] = Field(None, gt=0, description="score the joint model at most this often, in "
+                                           "seconds (for long runs)")
     metric: Literal["error", "loss"] = Field("error", description="what the progress, the plots, the target and "
                                              "the trackers follow: the holdout's classification error, or its "
                                              "loss (a language model's nats per token; bits beside it)")
@@ -248,9 +259,10 @@ class EvalSection(_Strict):
 
 class CheckpointSection(_Strict):
     dir: Optional[str] = Field(None, description="local path or URI (file://, hdfs://, s3://); jobs: <output_dir>/checkpoints")
-    every_cycles: int = Field(20, ge=1)
-    keep: int = Field(3, ge=1)
-    resume: bool = False
+    every_cycles: int = Field(20, ge=1, description="write a checkpoint every this many cycles")
+    keep: int = Field(3, ge=1, description="how many of the newest checkpoints are kept")
+    resume: bool = Field(False, description="continue from the newest valid checkpoint in checkpoint.dir (also "
+                         "with another number of agents)")
     init_from: Optional[str] = Field(None, description="a previous run's model.pt or checkpoint to start from")
 
     @model_validator(mode="after")
@@ -264,7 +276,8 @@ class ClusterSection(_Strict):
     master: str = Field("existing", description="local-cluster[K,C,MB] or 'existing' (the active session)")
     executor_wait_s: float = Field(60.0, gt=0, description="seconds to wait for executors with room for the agents "
                                    "(one executor each, or fewer with several GPUs or agent slots each)")
-    agent_start_timeout_s: float = Field(180.0, gt=0)
+    agent_start_timeout_s: float = Field(180.0, gt=0, description="how long the driver waits for the agents to "
+                                         "start and answer before the run fails")
     agent_wait_s: Optional[float] = Field(None, gt=0, description="how long a cycle waits for a silent (hung or "
                                           "lost) agent before going on without it (None: 5 x the median recent "
                                           "cycle, within 2-10 s)")
@@ -287,7 +300,8 @@ class ClusterSection(_Strict):
         "which waits for a task slot)")
     task_timeout_s: float = Field(TASK_TIMEOUT_S, gt=0, description="how long an exchange task waits for its agent's "
                                   "answer (a round's end included) before it fails and Spark retries it")
-    conf: Dict[str, str] = Field(default_factory=dict)
+    conf: Dict[str, str] = Field(default_factory=dict, description="Spark configuration for a session mpca "
+                                 "starts, e.g. {spark.broadcast.blockSize: 256k}")
 
     @field_validator("gpus")
     @classmethod
@@ -324,16 +338,21 @@ class Settings(_Strict):
     ``algorithm`` is the chosen algorithm's own typed settings (``name`` picks it, see
     :mod:`mpca.algorithm.registry`)."""
 
-    training: TrainingSection = Field(default_factory=TrainingSection)
-    data: DataSection = Field(default_factory=DataSection)
-    algorithm: SerializeAsAny[Algorithm] = Field(default_factory=lambda: build_algorithm("mpca"))
-    stop: StopSection = Field(default_factory=lambda: StopSection(max_cycles=100))
-    eval: EvalSection = Field(default_factory=EvalSection)
-    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
-    cluster: ClusterSection = Field(default_factory=ClusterSection)
-    wire: WireSection = Field(default_factory=WireSection)
-    progress: Literal["auto", "bar", "log", "notebook", "off"] = "auto"
-    seed: int = 0
+    training: TrainingSection = Field(default_factory=TrainingSection, description="the agents and their local "
+                                      "steps")
+    data: DataSection = Field(default_factory=DataSection, description="how the data is read and split")
+    algorithm: SerializeAsAny[Algorithm] = Field(default_factory=lambda: build_algorithm("mpca"), description="the "
+                                                 "algorithm (name) and its own settings")
+    stop: StopSection = Field(default_factory=lambda: StopSection(max_cycles=100), description="when the run stops")
+    eval: EvalSection = Field(default_factory=EvalSection, description="when and how the joint model is scored")
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection, description="checkpoints of the joint "
+                                          "model and the driver's state")
+    cluster: ClusterSection = Field(default_factory=ClusterSection, description="the Spark cluster and the exchange")
+    wire: WireSection = Field(default_factory=WireSection, description="how exchanged values cross the network")
+    progress: Literal["auto", "bar", "log", "notebook", "off"] = Field("auto", description="the progress display: "
+                                                                       "auto picks a notebook line, a terminal "
+                                                                       "line or a log line every 10 s")
+    seed: int = Field(0, description="the run's seed: the initial model, the holdout split, the batch order")
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -371,7 +390,7 @@ class MLflowSection(_Strict):
     experiment: Optional[str] = Field(None, description="None: MLFLOW_EXPERIMENT_NAME/_ID or the default experiment")
     tracking_uri: Optional[str] = Field(None, description="e.g. databricks, http://host:5000, file:/path (None: "
                                         "MLFLOW_TRACKING_URI or ./mlruns)")
-    run_name: Optional[str] = None
+    run_name: Optional[str] = Field(None, description="the MLflow run's name")
     register_as: Optional[str] = Field(None, description="register the logged model in the MLflow model registry "
                                        "under this name (a new version each run); Unity Catalog: catalog.schema.model")
 
@@ -384,24 +403,30 @@ class MLflowSection(_Strict):
 
 
 class TensorBoardSection(_Strict):
-    dir: str = "runs/tensorboard"
+    dir: str = Field("runs/tensorboard", description="the TensorBoard log directory")
 
 
 class TrackingSection(_Strict):
-    mlflow: Optional[MLflowSection] = None
-    tensorboard: Optional[TensorBoardSection] = None
+    mlflow: Optional[MLflowSection] = Field(None, description="log the job to MLflow (pip install 'mpca[mlflow]')")
+    tensorboard: Optional[TensorBoardSection] = Field(None, description="log the job's metrics for TensorBoard "
+                                                      "(pip install 'mpca[tensorboard]')")
 
 
 class JobConfig(Settings):
     """A job: the run's settings plus what the CLI builds itself (output, data source, model, optimizer)."""
 
-    run: RunSection = Field(default_factory=RunSection)
-    data: JobDataSection = Field(default_factory=JobDataSection)
-    model: ModelSection = Field(default_factory=ModelSection)
-    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
-    cluster: JobClusterSection = Field(default_factory=JobClusterSection)
-    progress: Literal["auto", "bar", "log", "notebook", "off"] = "auto"
-    tracking: TrackingSection = Field(default_factory=TrackingSection)
+    run: RunSection = Field(default_factory=RunSection, description="the run's name and outputs")
+    data: JobDataSection = Field(default_factory=JobDataSection, description="the data source, how it is read and "
+                                 "split")
+    model: ModelSection = Field(default_factory=ModelSection, description="the model to train")
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection, description="each agent's local optimizer")
+    cluster: JobClusterSection = Field(default_factory=JobClusterSection, description="the Spark cluster and the "
+                                       "exchange")
+    progress: Literal["auto", "bar", "log", "notebook", "off"] = Field("auto", description="the progress display: "
+                                                                       "auto picks a notebook line, a terminal "
+                                                                       "line or a log line every 10 s")
+    tracking: TrackingSection = Field(default_factory=TrackingSection, description="experiment tracking (MLflow, "
+                                      "TensorBoard)")
 
     @model_validator(mode="before")
     @classmethod

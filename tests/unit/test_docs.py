@@ -1,0 +1,126 @@
+"""The documentation against the code (no process, no Spark): every settings key has a description (the
+configuration reference is generated from them), every error message listed in troubleshooting still exists
+in the code, every Python example in the README and the docs at least compiles, and the generated references
+name every key, command and algorithm.  The site itself is built by ``make docs`` (strict)."""
+import ast
+import importlib.util
+import pathlib
+import re
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+TROUBLESHOOTING = DOCS / "troubleshooting.md"
+ERROR_LINE = re.compile(r"^> error: `(.+)`\s*$")  # how troubleshooting.md lists a message; … = the user's value
+FENCE = re.compile(r"^(\s*)```(\w*)")
+
+
+def _reference():
+    """docs/hooks/reference.py, the site's generator (outside the package), imported by path."""
+    spec = importlib.util.spec_from_file_location("mpca_docs_reference", DOCS / "hooks" / "reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_settings_key_has_a_description():
+    missing = _reference().missing_descriptions()
+    assert missing == [], (f"settings keys without a description (Field(..., description=...) in mpca/config.py; "
+                           f"the configuration reference is generated from them): {missing}")
+
+
+def test_the_configuration_reference_names_every_key():
+    reference = _reference()
+    text = reference.config_reference()
+    keys = [key for key, _, section in reference.settings_keys() if not section]
+    assert len(keys) > 50
+    assert [k for k in keys if f"`{k}`" not in text] == []
+
+
+def test_the_cli_and_algorithm_references_name_every_command_and_algorithm():
+    reference = _reference()
+    helps = reference.cli_help()
+    assert {"mpca", "mpca train", "mpca predict", "mpca data", "mpca simulate", "mpca plan"} <= set(helps)
+    assert all("usage: mpca" in text for text in helps.values())
+    text = reference.algorithms_reference()
+    from mpca.algorithm import registry
+
+    assert [n for n in registry.names() if f"| `{n}` |" not in text] == []
+
+
+def _literals():
+    """Every string literal of the package, f-strings with each replacement field written as ``…``."""
+    found = []
+    for path in (ROOT / "mpca").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.append(node.value)
+            elif isinstance(node, ast.JoinedStr):
+                found.append("".join(v.value if isinstance(v, ast.Constant) else "…" for v in node.values))
+    return found
+
+
+def documented_errors(text: str):
+    return [m.group(1) for m in map(ERROR_LINE.match, text.splitlines()) if m]
+
+
+def missing_errors(messages, literals):
+    """The documented messages no string literal of the code matches (``…`` matches anything)."""
+    gone = []
+    for message in messages:
+        pattern = re.compile(".*?".join(re.escape(part) for part in message.split("…")), re.S)
+        if not any(pattern.search(s) for s in literals):
+            gone.append(message)
+    return gone
+
+
+def test_every_error_in_troubleshooting_still_exists_in_the_code():
+    messages = documented_errors(TROUBLESHOOTING.read_text(encoding="utf-8"))
+    assert len(messages) >= 25, "troubleshooting.md lists its messages as lines: > error: `message`"
+    for message in messages:
+        assert len(message.replace("…", "").strip()) >= 12, f"too little of the message to check: {message!r}"
+    assert missing_errors(messages, _literals()) == [], "documented in docs/troubleshooting.md, gone from mpca/"
+
+
+def test_the_check_fails_for_a_message_that_is_gone():
+    literals = ["cluster too small: … agent(s) need … each"]
+    assert missing_errors(["cluster too small: … agent(s) need … each"], literals) == []
+    assert missing_errors(["cluster is far too small"], literals) == ["cluster is far too small"]
+
+
+def python_blocks(path: pathlib.Path):
+    """``(line, code)`` of every fenced ```python block of a Markdown file (indented ones dedented)."""
+    blocks, current, indent, start, lang = [], None, "", 0, ""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        m = FENCE.match(line)
+        if current is None and m:
+            current, indent, start, lang = [], m.group(1), number, m.group(2)
+        elif current is not None and line.strip() == "```":
+            if lang == "python":
+                blocks.append((start, textwrap.dedent("\n".join(current))))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+MARKDOWN = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_python_example_compiles(path):
+    for line, code in python_blocks(path):
+        try:
+            compile(code, f"{path.relative_to(ROOT)}:{line}", "exec")
+        except SyntaxError as e:
+            pytest.fail(f"{path.relative_to(ROOT)}, the ```python block at line {line}: {e}")
+
+
+def test_the_readme_has_examples_and_stays_short():
+    readme = ROOT / "README.md"
+    assert len(python_blocks(readme)) >= 1
+    lines = readme.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 320, "README.md stays short: the rest goes to docs/ (the site)"
+    assert any("make test" in line for line in lines), "CI (.ci/run) runs the README's test command, make test"
