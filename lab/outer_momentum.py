@@ -1,6 +1,6 @@
 """Outer momentum on MPCA's joint model, in the simulator: the experiment behind README's "Nor does outer momentum".
 
-    python -m lab.outer_momentum --mu 0.3 -k 4 --link 30mbit --step-s 0.1 ...   (any ``mpca simulate`` arguments)
+    python -m lab.outer_momentum --mu 0.3 -k 4 --link 30mbit --device-step-s 0.1 ...   (any ``mpca simulate`` arguments)
 
 DiLoCo's outer step is Nesterov momentum on the move of the joint model.  Here it is applied to Eq. 8's move of
 each shard, Δ = β (R − x̃): m ← μ m + Δ, x̃ ← x̃ + Δ + μ m (μ = 0 is Eq. 8 exactly); Eqs. 4 and 5 then follow

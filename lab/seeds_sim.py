@@ -51,7 +51,7 @@ def base_config(args, algorithm: Dict, agents: int) -> SimConfig:
     work = split_rows(TeacherWorkload(hidden=tuple(int(h) for h in args.hidden.split(",")), holdout=1000,
                                       optimizer=args.optimizer, lr=args.lr), agents, args.rows)
     return SimConfig(algorithm=algorithm, agents=agents, network=NetworkConstants(link_bps=parse_rate(args.link)),
-                     compute=ComputeModel(step_s=args.step_s, jitter=args.jitter, seed=args.seed), workload=work,
+                     compute=ComputeModel(step_s=args.device_step_s, jitter=args.jitter, seed=args.seed), workload=work,
                      batch_size=args.batch_size, max_virtual_s=args.seconds, eval_every_s=args.seconds / 20,
                      seed=args.seed)
 
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("which", choices=["rudra", "hermans"])
     ap.add_argument("--hidden", default="256,256")
     ap.add_argument("--rows", type=int, default=120_000, help="the data set's rows, split among the agents")
-    ap.add_argument("--step-s", type=float, default=0.1)
+    ap.add_argument("--device-step-s", type=float, default=0.1)
     ap.add_argument("--jitter", type=float, default=0.1, help="log-normal σ of the step time (desynchronises)")
     ap.add_argument("--link", default="1gbit")
     ap.add_argument("--seconds", type=float, default=60.0, help="virtual seconds per run")

@@ -24,7 +24,7 @@ three).  Given the ``compare.json`` of the measured runs,
 a row that ``bench compare`` measured is simulated once per measured repeat with that repeat's agents' starts
 (``agent_starts_s``, kept since 2026-11-26), its times counted from the last agent's start, and printed beside the
 measured median after start-up.  ``--row`` replaces the regime's table by settings of your own (bench compare's
-``--variant`` syntax) at ``--agents`` K, and ``--link`` / ``--step-s`` replace the regime's link and T: a period's
+``--variant`` syntax) at ``--agents`` K, and ``--link`` / ``--device-step-s`` replace the regime's link and T: a period's
 grid before a comparison, or a regime run on a slower clock (issue 23's K = 8 on a 2-core machine: 30 Mbit,
 T = 1.2 s).  Prints medians and per-run times to each target and the mean cycle, and writes JSON:
 
@@ -132,7 +132,7 @@ def config(algorithm: dict, agents: int, wire: str, seed: int, args,
            starts: Tuple[float, Tuple[float, ...]] = (0.0, ())) -> SimConfig:
     measured_in = regime(getattr(args, "regime", DEFAULT_REGIME))
     link = getattr(args, "link", None) or measured_in.link
-    step_s = getattr(args, "step_s", None) or measured_in.device_step_s
+    step_s = getattr(args, "device_step_s", None) or measured_in.device_step_s
     net = NetworkConstants(link_bps=parse_rate(link), exchange_cpu_s_per_mb=args.exchange_cpu,
                            host_cores=args.host_cores)
     return SimConfig(algorithm=algorithm, agents=agents, wire=wire, network=net,
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--agents", type=int, default=4, help="K of the --row rows")
     ap.add_argument("--wire", default="fp32", help="wire format of the --row rows")
     ap.add_argument("--link", default=None, help="every host's port instead of the regime's (e.g. 30mbit)")
-    ap.add_argument("--step-s", type=float, default=None, help="the device step T instead of the regime's")
+    ap.add_argument("--device-step-s", type=float, default=None, help="the device step T instead of the regime's")
     ap.add_argument("--measured", action="append", default=[], metavar="COMPARE_JSON",
                     help="bench compare's compare.json (repeatable): a row it measured is simulated once per measured "
                          "repeat with that repeat's agents' starts, and printed beside the measured median")

@@ -166,7 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UserError as e:  # an option's value or an old spelling (mpca.spellings)
+        print(f"mpca: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
     args.verbose, args.quiet = getattr(args, "verbose", False), getattr(args, "quiet", False)
     if args.verbose and args.quiet:
         print("mpca: error: -v/--verbose and -q/--quiet exclude each other", file=sys.stderr)

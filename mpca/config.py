@@ -18,6 +18,7 @@ from mpca.data.split import EVALUATION_ROWS
 from mpca.errors import UserError
 from mpca.exchange.timeouts import TASK_TIMEOUT_S
 from mpca.local_cluster import parse_local_cluster
+from mpca.spellings import device_speed_problem
 
 
 class _Strict(BaseModel):
@@ -198,8 +199,9 @@ class TrainingSection(_Strict):
             raise ValueError(f"training.min_agents={self.min_agents} exceeds training.agents={self.agents}")
         if self.device_speed and self.device_step_s is None:
             raise ValueError("training.device_speed needs training.device_step_s (the emulated device's step time)")
-        if any(not 0.0 < v <= 1.0 or a < 0 for a, v in self.device_speed.items()):
-            raise ValueError("training.device_speed maps agents (>= 0) to speeds in (0, 1], e.g. {1: 0.5}")
+        problem = device_speed_problem(self.device_speed)
+        if problem:
+            raise ValueError(problem)
         return self
 
 

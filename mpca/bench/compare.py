@@ -3,14 +3,14 @@
     mpca bench compare [-c conf/teacher_mlp.yaml]
                        [--algorithms mpca,sync,easgd,diloco,streaming_diloco,delayed_diloco,ddp,single]
                        [--ablations] [--targets 0.3,0.26,0.24] [--max-seconds 120] [--repeats 1]
-                       [--network none|1gbit|100mbit|RATE] [--straggler AGENT:SPEED] [--out runs/compare]
-                       [--variant LABEL=NAME,key=value,...] [--device-step SECONDS]
+                       [--network none|1gbit|100mbit|RATE] [--device-speed AGENT:SPEED] [--out runs/compare]
+                       [--variant LABEL=NAME,key=value,...] [--device-step-s SECONDS]
                        [--regime resnet110-gbe|vgga-gbe] [--tune|--no-tune] [--agents 1,2,4,8] [key=value ...]
 
 Runs the chosen algorithms one after another (and, with ``--ablations``, the paper's MPCA ablations:
 γ = 0 without extrapolation, Fig. 10a; unweighted instead of τ-weighted reduction, Fig. 10c; S = 1 and 2
 phases, §4.2; Eq. 7 toward x* itself, the paper's pull, against the default delay-compensated target;
-with ``--straggler 1:0.5`` agent 1 runs at half speed and ``mpca:uncontested`` is mpca
+with ``--device-speed 1:0.5`` agent 1 runs at half speed and ``mpca:uncontested`` is mpca
 without it, Fig. 10c; ``--variant 'push:28=weaksync,c=3'`` adds an algorithm with its own settings under a
 label of your choice, e.g. the seeds' protocol studies) and writes to ``--out``: ``compare.csv`` (a table like the paper's Table 2: time to each
 target per algorithm, ratios to ``single`` and to ``mpca``), ``compare.json`` (per algorithm: time to each
@@ -21,7 +21,7 @@ one model exchange, cycle overlap), ``compare.png`` (error against wall time) an
 ``--network`` runs everything on the emulated cluster of the repository's lab harness (``lab/netcluster.py`` of
 a checkout, :mod:`mpca.bench.emulated_cluster`) when it is at hand and this machine allows it (root, network
 namespaces, ``ip``/``tc``), else on local-cluster, labelled as such; its hosts have the cores and memory of the
-executors of ``cluster.master``'s ``local-cluster[K,C,MB]``.  ``--device-step T`` gives
+executors of ``cluster.master``'s ``local-cluster[K,C,MB]``.  ``--device-step-s T`` gives
 every agent an emulated device (:mod:`mpca.bench.emulation`): each training step takes T, for every
 algorithm; a run where agents fell behind T or the machine was saturated is marked INVALID in the table.
 ``--regime`` names a communication/computation ratio of the paper's Table 1 (:mod:`mpca.bench.regimes`:
@@ -42,6 +42,7 @@ from typing import Dict, List, Optional
 
 from mpca.bench.regimes import REGIMES
 from mpca.local_cluster import parse_local_cluster
+from mpca.spellings import parse_device_speed, refuse_renamed
 
 ABLATIONS = {
     "mpca:gamma0": {"name": "mpca", "gamma": {"start": 0.0, "target": 0.0}},  # no extrapolation (Fig. 10a)
@@ -49,7 +50,7 @@ ABLATIONS = {
     "mpca:S1": {"name": "mpca", "shards": 1},  # one phase (Fig. 6)
     "mpca:S2": {"name": "mpca", "shards": 2},  # two phases (Fig. 7)
     "mpca:elastic": {"name": "mpca", "pull": "elastic"},  # Eq. 7 toward x* itself (the paper; default: compensated)
-    "mpca:uncontested": {"name": "mpca"},  # with --straggler: the same run without the straggler
+    "mpca:uncontested": {"name": "mpca"},  # with --device-speed: the same run without the straggler
 }
 FIGURES = {"mean_staleness": "median", "mean_d": "median", "dropped": "sum", "updates": "sum",
            "block_updates": "sum", "commits": "sum"}  # DriverRule.metrics() columns of the history, and how to sum up
@@ -589,25 +590,26 @@ def main(argv=None, *, nested: bool = False) -> int:
                     "or a rate like 30mbit (default none; a --regime sets it)")
     ap.add_argument("--regime", choices=sorted(REGIMES), help="the paper's Table 1 ratio of one model exchange "
                     "to one step: " + "; ".join(r.describe() for r in REGIMES.values()) + " (sets --network and "
-                    "--device-step; implies --tune)")
+                    "--device-step-s; implies --tune)")
     ap.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
                     help="run each algorithm's grid of settings for the regime once, then its repeats at the "
                          "best one (mpca.bench.tuning; default: on with --regime)")
     ap.add_argument("--agents", metavar="K,K,...", help="one comparison per number of agents, e.g. 1,2,4,8, "
                     "each in its own cluster and --out/K<k>, then the table over K (sweep.csv)")
     ap.add_argument("--out", default="runs/compare")
-    ap.add_argument("--straggler", metavar="AGENT:SPEED", help="slow one agent, e.g. 1:0.5 (Fig. 10c: compare "
-                    "--algorithms mpca,mpca:uniform,mpca:uncontested)")
+    ap.add_argument("--device-speed", metavar="AGENT:SPEED", help="slow one agent, e.g. 1:0.5: its steps take "
+                    "T / 0.5 (training.device_speed; Fig. 10c: compare --algorithms mpca,mpca:uniform,mpca:uncontested)")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL=NAME,key=value,...",
                     help="an algorithm with its own settings under LABEL, e.g. 'push:2=weaksync,c=2' (repeatable)")
     ap.add_argument("--wire", metavar="FORMAT,...", help="run every algorithm once per wire format, labelled "
                     "ALGO@FORMAT, e.g. fp32,int8 (mpca.algorithm.wire; one format: wire.format=FORMAT does the same "
                     "without the suffix)")
-    ap.add_argument("--device-step", type=float, metavar="SECONDS",
+    ap.add_argument("--device-step-s", type=float, metavar="SECONDS",
                     help="emulated devices: every agent's training step takes this wall time, for every algorithm "
                          "(training.device_step_s); runs where agents fall behind it or the machine is saturated "
                          "are marked INVALID")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the job config")
+    refuse_renamed(ap, "--device-step", "--straggler")
     args = ap.parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
     from mpca.errors import UserError
@@ -628,10 +630,10 @@ def main(argv=None, *, nested: bool = False) -> int:
 
         regime = named(args.regime)
         for flag, given, wanted in (("--network", args.network, regime.link),
-                                    ("--device-step", args.device_step, regime.device_step_s)):
+                                    ("--device-step-s", args.device_step_s, regime.device_step_s)):
             if given not in (None, "none", wanted):
                 raise UserError(f"--regime {regime.name} sets {flag} {wanted}; drop {flag} {given} or the regime")
-        args.network, args.device_step = regime.link, regime.device_step_s
+        args.network, args.device_step_s = regime.link, regime.device_step_s
     tune_grid = bool(regime) if args.tune is None else args.tune
     if tune_grid and regime is None:
         raise UserError("--tune needs a --regime (its grid is built from the regime's communication/computation "
@@ -643,10 +645,10 @@ def main(argv=None, *, nested: bool = False) -> int:
             rate_bits(args.network)
         except UserError as e:
             raise UserError(f"--network: {e}") from None
-    if args.device_step is not None:
-        if not args.device_step > 0:
-            raise UserError(f"--device-step must be > 0 seconds, got {args.device_step}")
-        args.overrides.append(f"training.device_step_s={args.device_step}")
+    if args.device_step_s is not None:
+        if not args.device_step_s > 0:
+            raise UserError(f"--device-step-s must be > 0 seconds, got {args.device_step_s}")
+        args.overrides.append(f"training.device_step_s={args.device_step_s}")
     from mpca.algorithm import algorithm_names
     from mpca.config import load_config
 
@@ -660,7 +662,7 @@ def main(argv=None, *, nested: bool = False) -> int:
         if a not in algorithm_names() and a not in ABLATIONS:
             raise UserError(f"--algorithms: unknown {a!r}; choose from {', '.join(algorithm_names())}")
     if args.ablations:
-        labels += [a for a in ABLATIONS if a not in labels and (args.straggler or a != "mpca:uncontested")]
+        labels += [a for a in ABLATIONS if a not in labels and (args.device_speed or a != "mpca:uncontested")]
     if args.wire:
         from mpca.algorithm.wire import FORMATS
 
@@ -668,12 +670,11 @@ def main(argv=None, *, nested: bool = False) -> int:
         if not formats or any(f not in FORMATS for f in formats):
             raise UserError(f"--wire takes formats among {', '.join(FORMATS)}, comma-separated, got {args.wire!r}")
         labels = [f"{label}@{f}" for label in labels for f in formats]
-    from mpca.bench.straggler import parse
-
-    try:
-        straggler = parse(args.straggler) if args.straggler else None
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    speeds = parse_device_speed(args.device_speed or "")
+    if len(speeds) > 1:
+        raise UserError(f"--device-speed {args.device_speed!r}: the comparison slows one agent (its ablation "
+                        "mpca:uncontested runs without it); give one AGENT:SPEED")
+    straggler = next(iter(speeds.items()), None)
     task_config, task_targets = TASKS[args.task or "teacher"]
     try:
         targets = sorted((float(t) for t in (args.targets or task_targets).split(",")), reverse=True)

@@ -57,12 +57,3 @@ def straggle(settings, optimizer_fn: Callable, agent: int, speed: float):
         raise ValueError(f"a straggler needs an agent >= 0 and a speed in (0, 1], got {agent}:{speed}")
     training = settings.training.model_copy(update={"device_speed": {agent: speed}})
     return settings.model_copy(update={"training": training}), optimizer_fn
-
-
-def parse(text: str):
-    """``"1:0.5"`` → (1, 0.5)."""
-    try:
-        agent, speed = text.split(":")
-        return int(agent), float(speed)
-    except ValueError:
-        raise ValueError(f"--straggler takes AGENT:SPEED, e.g. 1:0.5, got {text!r}") from None

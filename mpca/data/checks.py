@@ -168,7 +168,7 @@ def check_schema(schema, features: str, label: str, input_shape: Sequence[int], 
     out of a Python worker (a ``mapInArrow``, a Python UDF), that job leaves the worker with output nobody
     reads, and PySpark drops it instead of returning it to the executor's pool: the agent that executor
     runs next forked a fresh one and imported its modules again, the last agent up 2.5 s after the others
-    (README, "Start-up")."""
+    (docs/notes/measurements.md, "Start-up")."""
     from pyspark.sql.types import ArrayType, BooleanType, IntegralType, NumericType
 
     f_type, l_type = schema[features].dataType, schema[label].dataType

@@ -81,7 +81,7 @@ def generate_rows(task: TeacherTask, batches: Iterator) -> Iterator:
     torch loaded.  PySpark hands a task the pool's oldest idle worker, and the agents' next task (in a warm
     session: a benchmark's next run, a notebook's next ``fit``) often got one of these, then imported torch
     itself (~2 s of CPU per agent) before it started.  A table Spark reads itself (Parquet) has no Python
-    worker before the agents, and a warm session reuses the agents' own (README, "Start-up").  After the last
+    worker before the agents, and a warm session reuses the agents' own (docs/notes/measurements.md, "Start-up").  After the last
     batch, the import delays no row."""
     from mpca.data.datasets import arrow_table
 

@@ -14,7 +14,7 @@ lab.collectives``, medians of 7): 1.52 s against 2.21 s for the tree at 30 Mbit,
 100 Mbit and 1.20 against 0.67 s without a link limit.  In mpca's
 cycle at 30 Mbit it lost (3.3–4.0 s against 2.1–2.5 s): the broadcast's K copies out of the driver's port take
 as long as the tree's K shards in, and on executors of 2 cores the second stage waits for the deliver tasks'
-slot.  So ``cluster.reduce`` is ``tree`` unless chosen (README, "Decisions worth knowing").
+slot.  So ``cluster.reduce`` is ``tree`` unless chosen (docs/paper.md, "Decisions worth knowing").
 
 Only the partial sums are cut; Σ τᵢ and the reports travel whole, and :func:`join` takes the weight of piece 0
 (every piece holds the same Σ τᵢ: each task put its weight on all of them).

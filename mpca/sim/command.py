@@ -11,6 +11,7 @@ from mpca.errors import UserError
 from mpca.exchange.device import ComputeModel
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.presence import Absence
+from mpca.spellings import parse_device_speed, refuse_renamed
 
 if TYPE_CHECKING:
     from mpca.sim.simulator import SimConfig
@@ -34,15 +35,6 @@ def parse_rate(text: str, command: str = "simulate") -> float:
 
 def parse_floats(text: str) -> List[float]:
     return [float(x) for x in text.split(",") if x.strip()]
-
-
-def parse_speeds(text: str) -> Dict[int, float]:
-    """``1:0.5,3:0.8``: agent 1 at half speed, agent 3 at 0.8."""
-    out = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        agent, _, speed = part.partition(":")
-        out[int(agent)] = float(speed)
-    return out
 
 
 def parse_overrides(items: List[str]) -> Dict[str, object]:
@@ -76,9 +68,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", "-a", default="mpca", help="algorithm name (mpca, sync, diloco, easgd, ...)")
     p.add_argument("--agents", "-k", type=int, default=4)
     p.add_argument("--link", default="100mbit", help="every host's port: 100mbit, 1gbit, 10gbit, inf")
-    p.add_argument("--step-s", type=float, default=0.3, help="device time of one step (s)")
+    p.add_argument("--device-step-s", type=float, default=0.3, metavar="SECONDS",
+                   help="T: every agent's step takes this device time (training.device_step_s)")
     p.add_argument("--jitter", type=float, default=0.0, help="log-normal σ of the step time (0: fixed)")
-    p.add_argument("--speeds", default="", help="stragglers, e.g. 1:0.5 (agent 1 at half speed)")
+    p.add_argument("--device-speed", default="", metavar="AGENT:SPEED,...",
+                   help="stragglers, e.g. 1:0.5: agent 1's steps take T / 0.5 (training.device_speed)")
+    refuse_renamed(p, "--step-s", "--speeds")
     p.add_argument("--wire", default=None, help="fp32, bf16, int8 or int4 (default: the algorithm's: int8 for mpca, "
                    "int4 for streaming_diloco, fp32 otherwise)")
     p.add_argument("--max-seconds", type=float, default=120.0, help="virtual seconds at most")
@@ -132,7 +127,8 @@ def config_from(args) -> SimConfig:
         hidden = tuple(int(h) for h in args.hidden.split(",") if h.strip())
         return SimConfig(algorithm={"name": args.algorithm, **parse_overrides(args.overrides)}, agents=args.agents,
                          wire=args.wire, network=net,
-                         compute=ComputeModel(step_s=args.step_s, jitter=args.jitter, speeds=parse_speeds(args.speeds),
+                         compute=ComputeModel(step_s=args.device_step_s, jitter=args.jitter,
+                                              speeds=parse_device_speed(args.device_speed),
                                               seed=args.seed),
                          workload=TeacherWorkload(hidden=hidden, rows_per_agent=args.rows, holdout=args.holdout, lr=args.lr,
                                                    seed=args.seed if args.task_seed is None else args.task_seed,

@@ -1,6 +1,6 @@
 """The network and runtime constants of the simulator, in one frozen dataclass printed with every result.
 
-Provenance (README.md, "Tests and benchmarks"; the emulated cluster of ``lab/netcluster.py``: every host,
+Provenance (docs/notes/measurements.md; the emulated cluster of ``lab/netcluster.py``: every host,
 the driver's included, behind its own full-duplex ``tc tbf`` port):
 
 * ``link_bps`` = 100 Mbit/s: the emulated cluster's ports in ``bench compare --regime resnet110-gbe`` and in
@@ -17,7 +17,7 @@ the driver's included, behind its own full-duplex ``tc tbf`` port):
 * ``latency_s`` = 0.5 ms per hop: a LAN message; not measured (this kernel has no netem, the emulated links
   add none).
 * ``service_overhead_s`` = 3 ms per parameter-service request: "a pull does wait for the driver's Python
-  process ... round trips of a few ms" (README, where the runtime changes a rule).
+  process ... round trips of a few ms" (docs/paper.md, "Where the runtime changes a rule").
 * ``exchange_cpu_s_per_mb`` = 0 (default: no CPU modelled), ``host_cores`` = None: the CPU an exchange takes
   besides the wire — an agent's shard materialised, encoded and pickled as a task result, the partial sums
   of treeReduce, the broadcast read and decoded — as seconds per MB (10^6 bytes) an agent moves in a cycle,
@@ -25,7 +25,7 @@ the driver's included, behind its own full-duplex ``tc tbf`` port):
   read whole after).  With ``host_cores`` = N every host's exchange shares N cores (the emulated cluster on
   one machine: K agents' work takes max(1, K / N) times as long); None: each host has its own.  Calibrated
   on this 2-core machine at K = 2 from ``bench compare``'s mpca cycles (0.67 s measured against 0.49 s
-  modelled without CPU, 3.0 MB per agent: 0.06 s/MB, ``host_cores`` 2) and checked at K = 4 (README, "How far
+  modelled without CPU, 3.0 MB per agent: 0.06 s/MB, ``host_cores`` 2) and checked at K = 4 (docs/simulator/simulate.md, "How far
   to trust it").  The parameter service's round trips are charged the same seconds per MB, on the caller.
 * ``split_tasks`` = True: executors with two free task slots per agent (the emulated cluster's ``--cores 3``):
   reduce tasks yield without waiting for the broadcast's download.  False: one slot; MPCA's reduce task takes

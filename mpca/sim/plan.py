@@ -1,7 +1,7 @@
 """``mpca plan``: which algorithm and how many agents for a model, a step time and a link — predicted by short
 simulations (issue 26, part 4).
 
-What is simulated.  The *time* model is the user's: every step takes ``step_s`` (given or measured on this host),
+What is simulated.  The *time* model is the user's: every step takes ``device_step_s`` (given or measured on this host),
 and every transfer is charged the bytes of the user's model (its exchanged values in the wire format) on
 ``link_bps`` with the calibrated constants of :mod:`mpca.sim.constants`.  The *gradients* come from a proxy:
 the teacher task with a small MLP (``proxy_hidden``), which the agents really train with the library's rules.
@@ -58,23 +58,23 @@ PERIODIC = ("sync", "diloco", "easgd")  # algorithms with a period ``every``  # 
 
 NOT_MODELLED = (
     "CPU contention: the exchange's encoding, Spark's JVMs and the agents sharing a host's cores (on a small "
-    "host this made the measured mpca cycles 26-39% longer than simulated, README)",
+    "host this made the measured mpca cycles 26-39% longer than simulated, docs/simulator/plan.md)",
     "host<->device copies, data loading and input pipelines (only the step time you gave or measured)",
     "start-up: the Spark session, executors and the agents' first model (predicted times count from the first step)",
     "corrective jobs, NaN resets; agents lost or joining (the plan assumes none; mpca simulate --hang/--lose "
-    "models them); stragglers unless you give --speeds",
+    "models them); stragglers unless you give --device-speed",
     "contention between a broadcast and a reduce on one executor's port",
 )
 
 
 class PlanConfig(BaseModel):
-    """One plan: the user's model (``parameters`` exchanged values, a step of ``step_s``), the link, the agent
+    """One plan: the user's model (``parameters`` exchanged values, a step of ``device_step_s``), the link, the agent
     counts and algorithms to try, and how the prediction is made (see the module doc)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     parameters: int = Field(ge=1, description="values the user's model exchanges")
-    step_s: float = Field(gt=0, description="T: one training step's device time (s)")
+    device_step_s: float = Field(gt=0, description="T: one training step's device time (s; training.device_step_s)")
     link_bps: float = Field(gt=0, description="every host's port, each direction")
     exchange_cpu_s_per_mb: float = Field(0.0, ge=0, description="CPU seconds per MB an agent moves in an exchange "
                                          "(mpca.sim.constants; 0: not modelled)")
@@ -186,7 +186,7 @@ def exchange_ratio(cfg: PlanConfig, agents: int) -> float:
     """r: one exchange of the whole model (a cycle that reduces and broadcasts all of it,
     :func:`~mpca.sim.network.cycle_time`, on the user's link with the user's bytes) in training steps."""
     nbytes = Codec(cfg.wire, DEFAULT_BLOCK, "float32").nbytes(cfg.parameters)
-    return cycle_time(agents, nbytes, nbytes, cfg.network()) / cfg.step_s
+    return cycle_time(agents, nbytes, nbytes, cfg.network()) / cfg.device_step_s
 
 
 def user_set(settings: Dict[str, Any], name: str, key: str) -> bool:
@@ -263,16 +263,16 @@ def _plan(cfg: PlanConfig, progress: Optional[Callable[[GridRow], None]],
     codec = Codec(cfg.wire, DEFAULT_BLOCK, "float32")
     scale = codec.nbytes(cfg.parameters) / codec.nbytes(proxy_n)
     net = scaled_for_bytes(cfg.network(), scale)
-    compute = ComputeModel(step_s=cfg.step_s, speeds=dict(cfg.speeds))
+    compute = ComputeModel(step_s=cfg.device_step_s, speeds=dict(cfg.speeds))
     metric = cfg.metric
     one = SimConfig(algorithm="single", agents=1, wire=cfg.wire, network=net, compute=compute, workload=work,
-                    batch_size=cfg.batch_size, eval_every_s=5 * cfg.step_s, max_virtual_s=cfg.step_s / 2, metric=metric)
+                    batch_size=cfg.batch_size, eval_every_s=5 * cfg.device_step_s, max_virtual_s=cfg.device_step_s / 2, metric=metric)
     first = simulate(one).history[0]  # the untrained model (after the first step's hooks, as every run)
     start = first.holdout_error if metric == "error" else first.holdout_loss
     given = cfg.target_error if metric == "error" else cfg.target_loss
     target = given if given is not None else cfg.reduction * start
     rows_total = cfg.rows if workload is None else min(cfg.rows, len(workload.y))
-    ref = run_cell(one.model_copy(update={"max_virtual_s": cfg.reference_steps * cfg.step_s, "targets": (target,)}),
+    ref = run_cell(one.model_copy(update={"max_virtual_s": cfg.reference_steps * cfg.device_step_s, "targets": (target,)}),
                    build_algorithm("single"), 1, range(cfg.seeds), rows_total=rows_total)
     if ref.time_s is None:
         raise ValueError(f"one agent did not bring the holdout {metric} from {start:.3f} to {target:.3f} "
@@ -377,7 +377,7 @@ def assumptions(res: PlanResult) -> List[str]:
     rate = "unlimited" if math.isinf(cfg.link_bps) else f"{cfg.link_bps / 1e6:g} Mbit/s"
     return [
         f"network: {cfg.network().describe()} (mpca/sim/constants.py, calibrated on the emulated cluster)",
-        f"time: every step {cfg.step_s * 1e3:.3g} ms; every transfer charged the bytes of {cfg.parameters:,} values "
+        f"time: every step {cfg.device_step_s * 1e3:.3g} ms; every transfer charged the bytes of {cfg.parameters:,} values "
         f"in {cfg.wire} on {rate}" + ("" if res.workload else f" (the proxy's transfers x {res.byte_scale:.4g}, "
                                       "exact: mpca.sim.network.scaled_for_bytes)"),
         (f"gradients: YOUR model ({res.proxy_parameters:,} values) on {res.workload['sample_rows']:,} rows of your job's "
@@ -386,7 +386,7 @@ def assumptions(res: PlanResult) -> List[str]:
          f"gradients: a PROXY — the teacher task (64 features, 10 classes) and an MLP "
          f"64-{'-'.join(map(str, cfg.proxy_hidden))}-10 ({res.proxy_parameters:,} parameters, Adam 1e-3, batch "
          f"{cfg.batch_size}), {cfg.rows:,} rows split among the K agents; how many steps each algorithm needs is the "
-         "proxy's, not your model's, and the gain from more agents can differ several-fold (README, mpca plan)"
+         "proxy's, not your model's, and the gain from more agents can differ several-fold (docs/simulator/plan.md)"
          if abs(res.byte_scale - 1) > 0.01 else
          f"gradients: the teacher MLP 64-{'-'.join(map(str, cfg.proxy_hidden))}-10 itself ({res.proxy_parameters:,} "
          f"parameters, Adam 1e-3, batch {cfg.batch_size}) on the teacher task, {cfg.rows:,} rows split among the K "

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from mpca.errors import UserError
 from mpca.report import write_json
-from mpca.sim.command import add_exchange_cpu_arguments, parse_overrides, parse_rate, parse_speeds
+from mpca.spellings import parse_device_speed, refuse_renamed
+from mpca.sim.command import add_exchange_cpu_arguments, parse_overrides, parse_rate
 
 # mpca.sim.grid, .measure and .plan import torch: imported when a plan runs, not when the command line's parser is built
 if TYPE_CHECKING:
@@ -24,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("-c", "--config", help="your job's YAML (as mpca train -c): its model, optimizer and batch size; "
                        "every cell trains that model on a sample of the job's rows (see --gradients)")
     step = p.add_mutually_exclusive_group(required=True)
-    step.add_argument("--step-s", type=float, help="device time of one training step (s)")
+    step.add_argument("--device-step-s", type=float, metavar="SECONDS",
+                      help="T: the device time of one training step (training.device_step_s)")
     step.add_argument("--measure", action="store_true", help="time a few steps of the model on this host (CPU "
                       "time on one core)")
     p.add_argument("--input-shape", default="", help="one sample's shape for --measure, e.g. 3,32,32 "
@@ -43,7 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithms", default="", help="comma-separated (default: mpca.sim.plan.DEFAULT_ALGORITHMS, "
                    "one agent, mpca and the paper's and today's yardsticks)")
     p.add_argument("--wire", default="fp32", help="fp32, bf16, int8 or int4")
-    p.add_argument("--speeds", default="", help="stragglers, e.g. 1:0.5 (agent 1 at half speed)")
+    p.add_argument("--device-speed", default="", metavar="AGENT:SPEED,...",
+                   help="stragglers, e.g. 1:0.5: agent 1's steps take T / 0.5 (training.device_speed)")
+    refuse_renamed(p, "--step-s", "--speeds")
     add_exchange_cpu_arguments(p)
     p.add_argument("--reduction", type=float, default=0.3, help="target: holdout error falls to this fraction "
                    "of its start")
@@ -125,7 +129,7 @@ def config_from(args) -> tuple:
             step = measure_step_s(model, shape, batch)
             how = f"measured on this host: CPU time on one core, the fastest of 10 steps at batch {batch}"
         else:
-            step, how = args.step_s, "given"
+            step, how = args.device_step_s, "given"
         lines.append(f"model: {what}, {n:,} values exchanged; step {step * 1e3:.3g} ms ({how})")
         own = job is not None and args.gradients == "job"
         if own:
@@ -139,11 +143,11 @@ def config_from(args) -> tuple:
         elif noise is not None:
             lines.append(f"your task's gradient noise scale: B = {noise:.3g} samples (given)")
         chosen = tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
-        cfg = PlanConfig(parameters=n, step_s=step, link_bps=parse_rate(args.link, "plan"), agents=_ints(args.agents, "--agents"),
+        cfg = PlanConfig(parameters=n, device_step_s=step, link_bps=parse_rate(args.link, "plan"), agents=_ints(args.agents, "--agents"),
                          **({"algorithms": chosen} if chosen else {}),
                          settings=parse_overrides(args.overrides), wire=args.wire, batch_size=batch,
                          noise_scale=noise, pilot_steps=steps,
-                         speeds=parse_speeds(args.speeds), reduction=args.reduction, target_error=args.target_error, target_loss=args.target_loss, tolerance=args.tolerance,
+                         speeds=parse_device_speed(args.device_speed), reduction=args.reduction, target_error=args.target_error, target_loss=args.target_loss, tolerance=args.tolerance,
                          seeds=args.seeds, periods=args.periods, proxy_hidden=_proxy_hidden(args),
                          exchange_cpu_s_per_mb=args.exchange_cpu, host_cores=args.host_cores)
         if own:

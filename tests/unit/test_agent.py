@@ -370,7 +370,7 @@ def test_an_emulated_device_pads_each_step_and_never_holds_an_exchange_request_f
 
 
 def test_a_straggler_on_an_emulated_device_takes_t_over_speed_per_step():
-    """--straggler 1:0.5 with T = 0.1 s: the slowed agent's device takes 0.2 s per step and the optimizer does
+    """--device-speed 1:0.5 with T = 0.1 s: the slowed agent's device takes 0.2 s per step and the optimizer does
     not sleep itself (its sleep would count as compute, make every step late, and not slow the agent)."""
     import threading
 

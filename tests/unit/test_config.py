@@ -144,7 +144,13 @@ def _bad_inputs(tmp):
         (train + ["data.format=csv;"], "data.format"),
         (["bench", "compare", "--algorithms", "mpca,adam"], "unknown 'adam'"),
         (["bench", "compare", "--targets", "0.1,x"], "--targets"),
-        (["bench", "compare", "--straggler", "fast"], "--straggler takes AGENT:SPEED"),
+        (["bench", "compare", "--device-speed", "fast"], "--device-speed takes AGENT:SPEED"),
+        (["bench", "compare", "--device-speed", "1:0.5,2:0.5"], "the comparison slows one agent"),
+        (["bench", "compare", "--straggler", "1:0.5"], "--straggler is now --device-speed"),  # renamed options
+        (["bench", "compare", "--device-step", "0.1"], "--device-step is now --device-step-s"),
+        (["simulate", "--step-s", "0.1"], "--step-s is now --device-step-s (the one spelling of training.device_step_s"),
+        (["plan", "--parameters", "1000", "--speeds", "1:0.5"], "--speeds is now --device-speed"),
+        (["simulate", "--device-speed", "1:1.5"], "speeds in (0, 1]"),
         (["bench", "compare", "--regime", "vgga-gbe", "--network", "100mbit"], "sets --network 30mbit"),
         (["bench", "compare", "--tune"], "--tune needs a --regime"),
         (["bench", "compare", "--agents", "0,2"], "--agents takes numbers >= 1"),
@@ -188,7 +194,7 @@ def _on_lm_data(tmp, name, token=None, ragged=False):
     return ["train", "-c", "conf/lm.yaml", "data.dataset=null", f"data.path={tmp / name}"]
 
 
-CASES = len(MISTAKES) + 41  # with the cases below MISTAKES in _bad_inputs; the test checks the total
+CASES = len(MISTAKES) + 47  # with the cases below MISTAKES in _bad_inputs; the test checks the total
 
 
 @pytest.mark.parametrize("case", range(CASES))

@@ -9,7 +9,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "mpca"
 # lowest first; a module may import from its own layer and the ones before it
 LAYERS = [
-    ["mpca.errors", "mpca.local_cluster", "mpca.compat", "mpca.storage", "mpca.report"],
+    ["mpca.errors", "mpca.spellings", "mpca.local_cluster", "mpca.compat", "mpca.storage", "mpca.report"],
     ["mpca.algorithm"],  # the pure algorithms: torch and pydantic only
     ["mpca.exchange"],  # the transport-free exchange core: the mechanics both drivers (Spark, the simulator) run
     ["mpca.data", "mpca.models"],

@@ -26,7 +26,7 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, says, capsys):
 
 def test_a_short_simulation_prints_the_constants_and_writes_json(tmp_path, capsys):
     out = tmp_path / "sim.json"
-    code = main(["simulate", "-k", "2", "--hidden", "16", "--rows", "200", "--max-seconds", "3", "--step-s", "0.1",
+    code = main(["simulate", "-k", "2", "--hidden", "16", "--rows", "200", "--max-seconds", "3", "--device-step-s", "0.1",
                  "--targets", "0.95", "--exchange-cpu", "0.06", "--host-cores", "2", "--holdout", "300", "--json", str(out)])
     printed = capsys.readouterr().out
     assert code == 0
@@ -93,7 +93,7 @@ def test_hang_and_lose_become_the_simulations_absences_and_the_table_says_who_wa
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args(["-k", "2", "--hang", "1:2:3", "--lose", "0:4.5:2", "--agent-wait", "0.5", "--hidden", "8",
-                         "--rows", "200", "--holdout", "50", "--max-seconds", "12", "--step-s", "0.2"])
+                         "--rows", "200", "--holdout", "50", "--max-seconds", "12", "--device-step-s", "0.2"])
     cfg = config_from(args)
     assert cfg.absences == (Absence(1, 2.0, 3.0, "hang"), Absence(0, 4.5, 2.0, "lost")) and cfg.agent_wait_s == 0.5
     assert run(args) == 0

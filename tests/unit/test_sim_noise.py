@@ -83,7 +83,7 @@ def test_the_plan_divides_each_time_by_the_ratio_of_the_ceilings():
 
 
 def test_the_output_says_which_gain_the_times_carry():
-    cfg = PlanConfig(parameters=1000, step_s=0.1, link_bps=1e8, agents=(1, 4), algorithms=("single",))
+    cfg = PlanConfig(parameters=1000, device_step_s=0.1, link_bps=1e8, agents=(1, 4), algorithms=("single",))
     res = PlanResult(config=cfg, proxy_parameters=1000, byte_scale=1.0, start_error=0.9, target_error=0.3,
                      reference_s=10.0, horizon_s=20.0, eval_every_s=1.0, rows=[], recommended=None)
     assert "PROXY's own" in gain_line(res)
@@ -134,21 +134,21 @@ def test_plan_with_a_job_measures_its_noise_scale(tmp_path, capsys):
     job.write_text("data: {dataset: digits}\ntraining: {batch_size: 16}\n")
     p = argparse.ArgumentParser()
     add_arguments(p)
-    cfg, lines, workload = config_from(p.parse_args(["-c", str(job), "--step-s", "0.1", "--pilot-steps", "5",
+    cfg, lines, workload = config_from(p.parse_args(["-c", str(job), "--device-step-s", "0.1", "--pilot-steps", "5",
                                                      "--gradients", "proxy"]))
     assert workload is None and cfg.batch_size == 16 and cfg.pilot_steps == 5
     assert cfg.noise_scale is not None and cfg.noise_scale > 0
     assert "gradient noise scale (pilot on digits)" in lines and "after 5 pilot steps" in lines
-    cfg, lines, _ = config_from(p.parse_args(["--parameters", "5000", "--step-s", "0.1", "--noise-scale", "300"]))
+    cfg, lines, _ = config_from(p.parse_args(["--parameters", "5000", "--device-step-s", "0.1", "--noise-scale", "300"]))
     assert cfg.noise_scale == 300 and cfg.batch_size == 64 and "(given)" in lines
-    cfg, lines, workload = config_from(p.parse_args(["-c", str(job), "--step-s", "0.1"]))  # the job's own gradients
+    cfg, lines, workload = config_from(p.parse_args(["-c", str(job), "--device-step-s", "0.1"]))  # the job's own gradients
     assert cfg.noise_scale is None and "your model on a sample of digits" in lines
     assert len(workload.hy) == cfg.holdout and len(workload.y) == 1797 - cfg.holdout  # disjoint: all of digits
     assert workload.x.shape[1:] == (1, 8, 8) and workload.describe()["name"] == "digits"
 
 
 def test_a_negative_noise_scale_is_one_line(capsys):
-    assert main(["plan", "--parameters", "1000", "--step-s", "0.1", "--noise-scale", "-1"]) == 2
+    assert main(["plan", "--parameters", "1000", "--device-step-s", "0.1", "--noise-scale", "-1"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "noise_scale" in err, err
 
@@ -159,7 +159,7 @@ def test_the_command_with_a_job_prints_which_gain_it_used(tmp_path, capsys):
     job = tmp_path / "job.yaml"
     job.write_text("data: {dataset: digits}\ntraining: {batch_size: 16}\n")
     out = tmp_path / "plan.json"
-    code = main(["plan", "-q", "-c", str(job), "--gradients", "proxy", "--step-s", "0.05", "--pilot-steps", "5",
+    code = main(["plan", "-q", "-c", str(job), "--gradients", "proxy", "--device-step-s", "0.05", "--pilot-steps", "5",
                  "--agents", "1,2",
                  "--algorithms", "single,ddp", "--proxy-hidden", "16", "--reduction", "0.7", "--link", "10gbit",
                  "--json", str(out)])
@@ -177,7 +177,7 @@ def test_the_command_with_a_job_trains_its_own_model_in_every_cell(tmp_path, cap
     job = tmp_path / "job.yaml"
     job.write_text("data: {dataset: digits}\ntraining: {batch_size: 16}\n")
     out = tmp_path / "plan.json"
-    code = main(["plan", "-q", "-c", str(job), "--step-s", "0.05", "--agents", "1,2", "--algorithms", "single,ddp",
+    code = main(["plan", "-q", "-c", str(job), "--device-step-s", "0.05", "--agents", "1,2", "--algorithms", "single,ddp",
                  "--target-loss", "1.6", "--link", "10gbit", "--json", str(out)])
     printed = capsys.readouterr().out
     assert code == 0

@@ -91,7 +91,7 @@ def rule_by_hand(rows, tolerance):
 
 
 def test_a_short_plan_recommends_what_its_own_times_say(tmp_path):
-    cfg = PlanConfig(parameters=200_000, step_s=0.05, link_bps=1e10, agents=(1, 4), algorithms=("single", "ddp"),
+    cfg = PlanConfig(parameters=200_000, device_step_s=0.05, link_bps=1e10, agents=(1, 4), algorithms=("single", "ddp"),
                      proxy_hidden=(16,), rows=1024, holdout=128,
                      reduction=0.7, seeds=1, evals=30, tolerance=4.0)
     res = plan(cfg)
@@ -117,21 +117,21 @@ def test_a_short_plan_recommends_what_its_own_times_say(tmp_path):
 
 # --------------------------------------------------------------------------- the command line
 @pytest.mark.parametrize("argv, says", [
-    (["plan", "--parameters", "1000", "--step-s", "0.1", "--algorithms", "nope"], "unknown algorithm 'nope'"),
-    (["plan", "--parameters", "1000", "--step-s", "0.1", "--algorithms", "weaksync"], "does not run weaksync"),
-    (["plan", "--model", "no_such_module_26:f", "--step-s", "0.1"], "cannot be imported"),
-    (["plan", "--model", "builtins:dict", "--step-s", "0.1"], "not a torch.nn.Module"),
-    (["plan", "--model", "mpca", "--step-s", "0.1"], "package.module:factory"),
-    (["plan", "--parameters", "1000", "--step-s", "0.1", "--host-cores", "0"], "host_cores"),
-    (["plan", "--parameters", "1000", "--step-s", "0.1", "--link", "fast"], "plan: --link 'fast'"),
-    (["plan", "--parameters", "1000", "--step-s", "-1"], "step_s"),
-    (["plan", "--parameters", "0", "--step-s", "0.1"], "--parameters must be >= 1"),
-    (["plan", "--parameters", "1000", "--step-s", "0.1", "--agents", "1,x"], "--agents"),
-    (["plan", "--parameters", "1000", "--step-s", "0.1", "algorithm.sync.every=0"], "every"),
-    (["plan", "--model", "mpca.models:MLP", "--step-s", "0.1", "--proxy-hidden", "sized"], "goes with --parameters"),
-    (["plan", "--parameters", "1000", "--step-s", "0.1", "--target-error", "0.2", "--target-loss", "1.5"],
+    (["plan", "--parameters", "1000", "--device-step-s", "0.1", "--algorithms", "nope"], "unknown algorithm 'nope'"),
+    (["plan", "--parameters", "1000", "--device-step-s", "0.1", "--algorithms", "weaksync"], "does not run weaksync"),
+    (["plan", "--model", "no_such_module_26:f", "--device-step-s", "0.1"], "cannot be imported"),
+    (["plan", "--model", "builtins:dict", "--device-step-s", "0.1"], "not a torch.nn.Module"),
+    (["plan", "--model", "mpca", "--device-step-s", "0.1"], "package.module:factory"),
+    (["plan", "--parameters", "1000", "--device-step-s", "0.1", "--host-cores", "0"], "host_cores"),
+    (["plan", "--parameters", "1000", "--device-step-s", "0.1", "--link", "fast"], "plan: --link 'fast'"),
+    (["plan", "--parameters", "1000", "--device-step-s", "-1"], "step_s"),
+    (["plan", "--parameters", "0", "--device-step-s", "0.1"], "--parameters must be >= 1"),
+    (["plan", "--parameters", "1000", "--device-step-s", "0.1", "--agents", "1,x"], "--agents"),
+    (["plan", "--parameters", "1000", "--device-step-s", "0.1", "algorithm.sync.every=0"], "every"),
+    (["plan", "--model", "mpca.models:MLP", "--device-step-s", "0.1", "--proxy-hidden", "sized"], "goes with --parameters"),
+    (["plan", "--parameters", "1000", "--device-step-s", "0.1", "--target-error", "0.2", "--target-loss", "1.5"],
      "target_error or target_loss, not both"),
-    (["plan", "--parameters", "1000", "--step-s", "0.1", "--target-loss", "0"], "target_loss"),
+    (["plan", "--parameters", "1000", "--device-step-s", "0.1", "--target-loss", "0"], "target_loss"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(argv, says, capsys):
     assert main(argv) == 2
@@ -171,7 +171,7 @@ def test_one_data_set_is_split_among_the_agents_with_one_holdout_for_every_k():
 def test_periods_follow_the_rule_of_five_unless_the_user_set_them():
     from mpca.sim.plan import algorithm_at, exchange_ratio
 
-    cfg = PlanConfig(parameters=1_250_000, step_s=0.3, link_bps=100e6, agents=(2,), algorithms=("sync", "mpca"))
+    cfg = PlanConfig(parameters=1_250_000, device_step_s=0.3, link_bps=100e6, agents=(2,), algorithms=("sync", "mpca"))
     # 5 MB at 100 Mbit: 0.4 s a copy.  K = 2: broadcast max(2 copies, B + 1 block) = 0.8 s + 2 × 0.5 ms, after the
     # 0.25 s overhead → 1.051 s; reduce 0.25 + 2 × 0.4 + 0.5 ms = 1.0505 s; r = 1.051 / 0.3 = 3.503; H = round(17.52)
     assert exchange_ratio(cfg, 2) == pytest.approx(1.051 / 0.3)
@@ -191,7 +191,7 @@ def test_without_algorithms_the_plan_tries_the_planners_default_set():
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    cfg, _, _ = config_from(p.parse_args(["--parameters", "1000", "--step-s", "0.1"]))
+    cfg, _, _ = config_from(p.parse_args(["--parameters", "1000", "--device-step-s", "0.1"]))
     assert cfg.algorithms == DEFAULT_ALGORITHMS
-    cfg, _, _ = config_from(p.parse_args(["--parameters", "1000", "--step-s", "0.1", "--algorithms", "mpca, sync"]))
+    cfg, _, _ = config_from(p.parse_args(["--parameters", "1000", "--device-step-s", "0.1", "--algorithms", "mpca, sync"]))
     assert cfg.algorithms == ("mpca", "sync")

@@ -100,7 +100,7 @@ def test_rows_of_your_own_replace_the_regimes_table_and_link_and_t_replace_the_r
     with pytest.raises(SystemExit, match="every"):
         rows(args)
     args = argparse.Namespace(exchange_cpu=0.06, host_cores=2, rows=100, holdout=50, task_seed=0, holdout_at=None,
-                              max_seconds=1.0, split_rows=1_000_000, link="30mbit", step_s=1.2)
+                              max_seconds=1.0, split_rows=1_000_000, link="30mbit", device_step_s=1.2)
     slow = config({"name": "sync", "every": 17}, 8, "fp32", 0, args)
     assert (slow.network.link_bps, slow.compute.step_s) == (30e6, 1.2)
     out = tmp_path / "r.json"

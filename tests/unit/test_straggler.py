@@ -38,7 +38,9 @@ def test_only_the_named_partition_is_slowed():
 
 @pytest.mark.parametrize("text", ["1", "a:0.5", "1:x"])
 def test_bad_straggler_text(text):
+    from mpca.spellings import parse_device_speed
+
     with pytest.raises(ValueError, match="AGENT:SPEED"):
-        straggler.parse(text)
+        parse_device_speed(text)
     with pytest.raises(ValueError):
         straggler.slowed(lambda p: None, 1, 1.5)
