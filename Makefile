@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test test-gpu test-spark35 wheel-smoke unit demo docs bench-compare bench-pull bench-exchange clean
+.PHONY: install test test-gpu test-spark35 wheel-smoke unit demo docs dist-check bench-compare bench-pull bench-exchange clean
 
 # The second environment: the oldest Spark we support (Databricks 15/16 LTS, CDP 7.3), installed first, then
 # mpca beside it with the other pins — pip must keep that pyspark (tests/spark35 checks it did).
@@ -90,6 +90,18 @@ SITE_DIR ?= $(or $(TMPDIR),/tmp)/mpca-site
 docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --clean -d $(SITE_DIR)
 	@echo "site: $(SITE_DIR)/index.html"
+
+# What a release uploads: `python -m build` (an isolated build, as PyPI's users get it: the sdist, then the wheel
+# built from that sdist) into a temporary directory, then `twine check --strict` on both (the metadata, and README.md
+# rendered as the long description). setuptools' build/ is removed; the working tree stays as it was.
+DIST_DIR ?= $(or $(TMPDIR),/tmp)/mpca-dist
+dist-check: $(VENV)/.installed-docs
+	rm -rf $(DIST_DIR)
+	$(PY) -m build --outdir $(DIST_DIR) .
+	rm -rf build
+	ls $(DIST_DIR)/mpca-*.tar.gz $(DIST_DIR)/mpca-*.whl
+	$(PY) -m twine check --strict $(DIST_DIR)/*
+	rm -rf $(DIST_DIR)
 
 bench-compare: $(VENV)/.installed
 	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(VENV)/bin/mpca bench compare --regime resnet110-gbe \

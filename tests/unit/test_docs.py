@@ -124,3 +124,71 @@ def test_the_readme_has_examples_and_stays_short():
     lines = readme.read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 320, "README.md stays short: the rest goes to docs/ (the site)"
     assert any("make test" in line for line in lines), "CI (.ci/run) runs the README's test command, make test"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# results as data: docs/results/<name>.json, the tables the results pages generate from them (docs/hooks/results.py)
+
+def _results():
+    spec = importlib.util.spec_from_file_location("mpca_docs_results", DOCS / "hooks" / "results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RESULTS_FILES = sorted((DOCS / "results").glob("*.json"))
+
+
+def test_there_are_results_files():
+    assert len(RESULTS_FILES) >= 1, "the figures the docs quote live as docs/results/<name>.json"
+
+
+@pytest.mark.parametrize("path", RESULTS_FILES, ids=lambda p: p.name)
+def test_every_results_file_validates_and_agrees_with_its_data(path):
+    results = _results()
+    doc = results.load(path.stem)
+    assert results.problems(doc, path.stem) == [], f"{path.relative_to(ROOT)} against the schema (docs/hooks/results.py)"
+    assert results.stale(doc) == [], (f"{path.relative_to(ROOT)}: numbers differ from the measured data they name "
+                                      f"(python docs/hooks/results.py refresh re-derives them)")
+    assert results.table(path.stem).count("\n") >= 2
+
+
+@pytest.mark.parametrize("key", ["command", "commit", "date", "machine"])
+def test_a_results_file_without_its_provenance_is_invalid(key):
+    results = _results()
+    doc = results.load("rivals-k4")
+    assert results.problems(doc, "rivals-k4") == []
+    broken = dict(doc)
+    del broken[key]
+    assert results.problems(broken, "rivals-k4") == [f"missing key {key!r}"]
+    assert results.problems(dict(doc, **{key: ""}), "rivals-k4") != []
+    assert results.problems(dict(doc, command=[]), "rivals-k4") != []
+
+
+def test_a_median_outside_its_spread_is_invalid():
+    results = _results()
+    doc = results.load("rivals-k4")
+    figure = doc["rows"][0]["mpca"][0]
+    figure["median"] = figure["max"] + 1
+    assert any("not within its spread" in p for p in results.problems(doc, "rivals-k4"))
+    assert results.stale(doc) != []
+
+
+def test_every_results_marker_names_an_existing_file():
+    results = _results()
+    named = {}
+    for path in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for name in results.markers(path.read_text(encoding="utf-8")):
+            named.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    assert named, "no page holds a <!-- mpca:results-table <name> --> marker"
+    assert {n: p for n, p in named.items() if not (DOCS / "results" / f"{n}.json").is_file()} == {}
+    assert results.markers("<!-- mpca:results-table no-such-table -->") == ["no-such-table"]
+
+
+def test_the_headline_table_quoted_by_hand_is_the_generated_one():
+    """README.md (GitHub renders no hook) and the pages that quote the headline table by hand quote it as generated."""
+    table = _results().table("rivals-k4")
+    quoting = [p for p in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+               if "| regime | mpca | Streaming DiLoCo (best period measured) |" in p.read_text(encoding="utf-8")]
+    assert quoting, "README.md quotes the headline table"
+    assert [str(p.relative_to(ROOT)) for p in quoting if table not in p.read_text(encoding="utf-8")] == []

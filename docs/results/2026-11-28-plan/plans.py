@@ -26,7 +26,7 @@ for name in which:
     job = load_config([path])
     model = training_functions(job.model, job.optimizer)[0]()
     batch = over.get("batch_size", job.training.batch_size)
-    cfg = PlanConfig(parameters=exchanged_values(model), step_s=0.3, link_bps=100e6, agents=(1, 2, 4),
+    cfg = PlanConfig(parameters=exchanged_values(model), device_step_s=0.3, link_bps=100e6, agents=(1, 2, 4),
                      algorithms=("single", "mpca"), wire="int8", batch_size=batch, holdout=holdout, evals=60,
                      reference_steps=2000, rows=ROWS, seeds=SEEDS, **target)
     t0 = time.time()
