@@ -24,6 +24,10 @@ def __getattr__(name):
         from mpca import trainer
 
         return getattr(trainer, name)
+    if name == "RunObserver":
+        from mpca import observers
+
+        return observers.RunObserver
     if name in ("Settings", "load_config"):
         from mpca import config
 
@@ -32,5 +36,5 @@ def __getattr__(name):
 
 
 __all__ = ["AgentRule", "Algorithm", "AlphaSchedule", "BetaSchedule", "ClusterTooSmallError", "DriverRule",
-           "FitResult", "GammaSchedule", "MPCAHyper", "MpcaError", "RunFailedError", "Settings", "Trainer",
+           "FitResult", "GammaSchedule", "MPCAHyper", "MpcaError", "RunFailedError", "RunObserver", "Settings", "Trainer",
            "UserError", "algorithm_names", "load_config", "register"]

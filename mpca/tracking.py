@@ -1,11 +1,11 @@
 """Experiment tracking through the Trainer's ``on_cycle`` hook: MLflow and TensorBoard.
 
-The hook protocol: ``on_cycle(row)`` gets every history row (an evaluation of the joint model: ``cycle``,
-``wall_s``, ``holdout_error``, ``holdout_loss``, ``samples_per_s``, ``epochs``, per-agent weights …).
-An ``on_cycle`` object may also have ``start(settings)`` (called before the agents start) and
-``finish(result)`` (called with the :class:`~mpca.trainer.FitResult` when the fit ends, None if it
-failed); ``mpca train`` then hands a few rows of the training data to ``take_input_example(df, data)``
-and the files it wrote to ``log_outputs(paths)``.  :class:`Trackers` fans one hook out to several.
+Each tracker is a :class:`~mpca.observers.RunObserver`: ``start(settings)`` before the agents start, every history
+row (an evaluation of the joint model: ``cycle``, ``wall_s``, ``holdout_error``, ``holdout_loss``,
+``samples_per_s``, ``epochs``, per-agent weights …), ``finish(result)`` with the :class:`~mpca.trainer.FitResult`
+when the fit ends (None if it failed); ``mpca train`` then hands a few rows of the training data to
+``take_input_example(df, data)`` and the files it wrote to ``log_outputs(paths)``.  :class:`Trackers` fans one
+hook out to several.
 
 ``mpca train`` sets them up from the config's ``tracking`` section::
 
@@ -31,6 +31,7 @@ import sys
 from typing import Any, Callable, Dict, Iterable, Optional
 
 from mpca.errors import UserError, error_line
+from mpca.observers import OnCycle, RunObserver, observer_of
 
 log = logging.getLogger("mpca.tracking")
 
@@ -86,7 +87,7 @@ def flat_params(settings) -> Dict[str, str]:
     return {k: v[:500] for k, v in out.items()}
 
 
-class MLflowTracker:
+class MLflowTracker(RunObserver):
     """Logs the settings as params, each history row as metrics (step = cycle), and at the end the final
     error, the job's outputs (model.pt with model.json, history, plot, summary) as artifacts and the model as
     an MLflow PyTorch model ``model`` (signature and input example from the training data), registered as
@@ -246,7 +247,7 @@ def input_example(df, data, rows: int = EXAMPLE_ROWS):
     return x.numpy()
 
 
-class TensorBoardTracker:
+class TensorBoardTracker(RunObserver):
     """Each history row as scalars under ``mpca/`` in a TensorBoard event file (step = cycle)."""
 
     def __init__(self, log_dir: str):
@@ -274,16 +275,15 @@ class TensorBoardTracker:
         return {"tensorboard": {"log_dir": self.log_dir}}
 
 
-class Trackers:
-    """Several hooks as one ``on_cycle``."""
+class Trackers(RunObserver):
+    """Several observers as one ``on_cycle`` (each a :class:`~mpca.observers.RunObserver` or a function of a row)."""
 
-    def __init__(self, hooks: Iterable[Callable]):
-        self.hooks = [h for h in hooks if h is not None]
+    def __init__(self, hooks: Iterable[OnCycle]):
+        self.hooks = [observer_of(h) for h in hooks if h is not None]
 
     def start(self, settings) -> None:
         for h in self.hooks:
-            if hasattr(h, "start"):
-                h.start(settings)
+            h.start(settings)
 
     def __call__(self, row) -> None:
         for h in self.hooks:
@@ -291,25 +291,21 @@ class Trackers:
 
     def finish(self, result) -> None:
         for h in self.hooks:
-            if hasattr(h, "finish"):
-                h.finish(result)
+            h.finish(result)
 
     def take_input_example(self, df, data) -> None:
         for h in self.hooks:
-            if hasattr(h, "take_input_example"):
-                h.take_input_example(df, data)
+            h.take_input_example(df, data)
 
     def log_outputs(self, outputs) -> None:
         for h in self.hooks:
-            if hasattr(h, "log_outputs"):
-                h.log_outputs(outputs)
+            h.log_outputs(outputs)
 
     def describe(self) -> Dict[str, Any]:
         """Each tracker's whereabouts (``summary.json``'s ``tracking``): ``mlflow``, ``tensorboard``."""
         out: Dict[str, Any] = {}
         for h in self.hooks:
-            if hasattr(h, "describe"):
-                out.update(h.describe())
+            out.update(h.describe())
         return out
 
 

@@ -21,6 +21,7 @@ from mpca.algorithm import DriverRule
 from mpca.config import Settings, settings_from
 from mpca.errors import RunFailedError, UserError
 from mpca.evaluation import BackgroundEvaluator, EvalResult, SampleRate, evaluate
+from mpca.observers import OnCycle, observer_of
 from mpca.runtime.reports import RunCounters
 from mpca.runtime.timeline import Timeline
 from mpca.stopping import LN2, StopRules, metric_column
@@ -59,18 +60,19 @@ class Trainer:
 
     ``on_cycle(row)`` is called on the driver with every new history row (an evaluation of the joint
     model: ``wall_s``, ``cycle``, ``holdout_error``, ``holdout_loss``, ``samples_per_s``, ``epochs`` …); an
-    ``on_cycle`` with a ``start(settings)`` method has it called before the agents start (see
-    :mod:`mpca.tracking` for MLflow and TensorBoard; their ``finish`` is the caller's, after the outputs).
+    :class:`~mpca.observers.RunObserver` (the trackers of :mod:`mpca.tracking`: MLflow, TensorBoard) also hears
+    ``start(settings)`` before the agents start and ``finish(result)`` when the fit ends (None: it failed).
     """
 
     def __init__(self, model_fn: Callable[[], torch.nn.Module], loss_fn: Callable, optimizer_fn: Callable,
-                 settings: Optional[Settings] = None, *, spark=None, on_cycle: Optional[Callable[[dict], None]] = None,
+                 settings: Optional[Settings] = None, *, spark=None, on_cycle: OnCycle = None,
                  **options):
         for name, fn in (("model_fn", model_fn), ("loss_fn", loss_fn), ("optimizer_fn", optimizer_fn)):
             if not callable(fn):
                 raise ValueError(f"{name} must be callable, got {type(fn).__name__}")
         self.model_fn, self.loss_fn, self.optimizer_fn = model_fn, loss_fn, optimizer_fn
         self.settings = settings_from(settings, **options) if options or settings is None else settings
+        observer_of(on_cycle)  # a mistake found here, not after the agents started
         self.spark, self.on_cycle = spark, on_cycle
         self.stop_requested = threading.Event()
 
@@ -235,8 +237,8 @@ class Trainer:
         if not on_agents:
             ready["hx"], ready["hy"] = self._holdout(hold_df)
             check_holdout(ready["hy"])
-        if hasattr(self.on_cycle, "start"):  # a tracker (mpca.tracking): params before the run
-            self.on_cycle.start(st)
+        observer = observer_of(self.on_cycle)
+        observer.start(st)  # a tracker (mpca.tracking): params before the run
         agents_df = with_row_hash(rows_df, d.features, d.label, st.seed) if on_agents else train_df
         run = AgentRun(spark, agents_df, model=model, model_fn=self.model_fn, loss_fn=self.loss_fn,
                        optimizer_fn=self.optimizer_fn, settings=st, driver_state=ck.driver_state if ck else None,
@@ -312,8 +314,7 @@ class Trainer:
                         self._with_bits(row)
                         out.history.append(row)
                         progress.update(out.cycles, row[metric_column(metric)], row["samples_per_s"])
-                        if self.on_cycle:
-                            self.on_cycle(row)
+                        observer(row)
                         if not met and stop.target_met(row[metric_column(metric)]):
                             met, out.winner = True, snapshot  # the joint model that met the target
                     out.stop_reason = stop.reason(out.cycles, epochs, met)
@@ -329,19 +330,16 @@ class Trainer:
                     row.pop("_snapshot")
                     self._with_bits(row)
                     out.history.append(row)
-                    if self.on_cycle:
-                        self.on_cycle(row)
+                    observer(row)
         except BaseException:
-            if hasattr(self.on_cycle, "finish"):
-                self.on_cycle.finish(None)  # the tracker's run ends as failed
+            observer.finish(None)  # the tracker's run ends as failed
             raise
         finally:
             evaluator.close()
             saver.close()
             progress.close()
         result = self._finish(run, model, specs, saver, out, ready["hx"], ready["hy"], ready["calibration"])
-        if hasattr(self.on_cycle, "finish"):
-            self.on_cycle.finish(result)
+        observer.finish(result)
         return result
 
     def _with_bits(self, row: dict) -> dict:

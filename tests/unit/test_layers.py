@@ -14,7 +14,7 @@ LAYERS = [
     ["mpca.exchange"],  # the transport-free exchange core: the mechanics both drivers (Spark, the simulator) run
     ["mpca.data", "mpca.models"],
     ["mpca.config"],
-    ["mpca.checkpoint", "mpca.stopping", "mpca.evaluation", "mpca.progress"],
+    ["mpca.checkpoint", "mpca.stopping", "mpca.evaluation", "mpca.progress", "mpca.observers"],
     ["mpca.sim"],  # the virtual-time simulator: the algorithms' rules without Spark (never mpca.runtime)
     ["mpca.runtime"],  # Spark
     ["mpca.trainer"],
