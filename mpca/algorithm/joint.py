@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict
 
 import torch
 
@@ -46,10 +45,3 @@ class JointShard:
         self.joint = new_joint
         self.reductions += 1
         return extrapolate(self.joint, self.velocity, gamma)  # Eq. 5
-
-    def state_dict(self) -> Dict[str, object]:
-        return {"joint": self.joint, "velocity": self.velocity, "reductions": self.reductions}
-
-    @classmethod
-    def from_state_dict(cls, state: Dict[str, object]) -> "JointShard":
-        return cls(state["joint"], state["velocity"], int(state["reductions"]))

@@ -33,16 +33,16 @@ from mpca.exchange.agent_step import finite, forward_backward, optimizer_step, w
 from mpca.exchange.device import ComputeModel, DeviceClock
 from mpca.exchange.timeouts import TASK_TIMEOUT_S
 from mpca.runtime import placement, protocol
+from mpca.runtime.agent_leave import LeaveOnRequest, hand_in, watch_for_leave
+from mpca.runtime.agent_server import ChannelServer
 from mpca.runtime.protocol import AGENT_OPS, SERVICE_OPS
-from mpca.runtime.channel import Channel, ChannelError, listen
+from mpca.runtime.channel import listen
 from mpca.runtime.cluster import visible_gpus
 from mpca.runtime.initial import InitialModel, rebuild
 from mpca.runtime.reports import AgentReport
 
 log = logging.getLogger("mpca.agent")
 
-MAX_CONNECTIONS = 64  # exchange tasks hold a few per agent at once
-LEAVE_POLL_S = 1.0  # how often a driver-initiated algorithm's agent asks whether its executor is going
 
 
 @dataclass
@@ -78,23 +78,6 @@ class AgentSpec:
     def join_on_retry(self) -> bool:
         """A retried agent task waits for the driver's joint model (driver-initiated exchange)."""
         return self.algorithm.exchange == "cycle"
-
-
-class LeaveOnRequest:
-    """The parameter service's client as the agent rule sees it: an answer that asks this agent to leave (its
-    executor is being decommissioned) calls ``on_leave`` once; requests and answers are otherwise untouched."""
-
-    def __init__(self, client, on_leave: Callable[[], None]):
-        self.client, self.on_leave = client, on_leave
-
-    def request(self, header: dict, payload=None):
-        reply, data = self.client.request(header, payload)
-        if reply.get("leave") and header.get("op") != "leave":
-            self.on_leave()
-        return reply, data
-
-    def close(self) -> None:
-        self.client.close()
 
 
 def choose_device(gpu_addresses: List[str]) -> torch.device:
@@ -166,20 +149,20 @@ class Agent:
         # its start-up on its own clock (task start -> data loaded -> built), told to the driver with its hello
         self._startup = (task_started or self.started, data_loaded or self.started, time.time())
         self.service = None  # the parameter service (agent-initiated algorithms)
-        self._leave_watch = None  # the driver's service asked once a second whether to leave (the others)
+        self.leave_watch = None  # the driver's service asked once a second whether to leave (the others)
         self.last_params: dict = {}  # the latest cycle's parameters (α, the round), for a hand-in
         if spec.service is not None and spec.algorithm.exchange != "service":
             from mpca.runtime.service import ServiceClient
 
             host, port = spec.service
-            self._leave_watch = ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload)
-            threading.Thread(target=self._watch_for_leave, name=f"mpca-agent{agent_id}-leave", daemon=True).start()
+            self.leave_watch = ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload)
+            watch_for_leave(self, self.leave_watch)
         elif spec.service is not None:
             from mpca.runtime.service import ServiceClient
 
             host, port = spec.service
             self.service = LeaveOnRequest(ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload),
-                                          self._asked_to_leave)
+                                          self.asked_to_leave)
             # a replacement (or an elastic run's agent, which may come up late) starts from the server's current
             # model, not the run's first one
             if needs_joint or spec.training.elastic:
@@ -197,42 +180,14 @@ class Agent:
         self._delivered_cycle = [-1] * spec.layout.num_shards  # sequence numbers: older deliveries are ignored
         self._unsettled: Dict[int, Tuple[int, dict]] = {}  # cycle -> (shard, extra) yielded, not yet confirmed
         self.lost = 0
-        self.refused = 0  # connections closed because MAX_CONNECTIONS were open
+        self.server = ChannelServer(f"agent {agent_id}", spec.secret, spec.max_payload, self.handle,
+                                    lambda: self.stop_requested)
 
-    def _asked_to_leave(self) -> None:
+    def asked_to_leave(self) -> None:
+        """Its executor is being decommissioned (:mod:`mpca.runtime.agent_leave`): the training loop ends after
+        this step, then hands in."""
         self.leaving = True
-        self.stop_requested = True  # the training loop ends after this step, then hands in
-
-    def _watch_for_leave(self) -> None:
-        """Driver-initiated algorithms on a cluster that decommissions executors: no exchange task reaches an agent
-        whose executor is being decommissioned, so it asks the driver itself, once a second."""
-        while not self.stop_requested:
-            time.sleep(LEAVE_POLL_S)
-            try:
-                reply, _ = self._leave_watch.request(protocol.header(SERVICE_OPS, "poll", agent=self.id))
-            except Exception as e:  # noqa: BLE001 - the driver gone: the exchange's idle timeout ends the agent
-                if not self.stop_requested:
-                    log.warning("agent %s: cannot ask the driver whether to leave: %s", self.id, e)
-                return
-            if reply.get("leave"):
-                self._asked_to_leave()
-
-    def _hand_in(self) -> None:
-        """Its executor is being decommissioned: hand in what the joint model lacks, then say it leaves."""
-        if self.service is not None:  # agent-initiated: the rule's own last exchange with the service
-            self.rule.hand_in()
-            self.service.request(protocol.header(SERVICE_OPS, "leave", agent=self.id))
-            return
-        parts = []  # (shard, vector, weight, report)
-        with self.lock:  # the training loop has ended; no exchange task can reach this executor any more
-            for s in range(self.spec.layout.num_shards):
-                got = self.rule.handed_in(s, self.last_params)
-                if got is not None and got[1] > 0 and bool(torch.isfinite(got[0]).all()):
-                    parts.append((s, *got))
-        payload = b"".join(np.ascontiguousarray(v.numpy(), dtype=self.codec.dtype).tobytes() for _, v, _, _ in parts)
-        self._leave_watch.request(protocol.header(SERVICE_OPS, "leave", agent=self.id, shards=[p[0] for p in parts],
-                                                  weights=[float(p[2]) for p in parts],
-                                                  extras=[p[3] for p in parts]), payload)
+        self.stop_requested = True
 
     # ------------------------------------------------------------------ training
     def _should_stop(self) -> bool:
@@ -279,7 +234,7 @@ class Agent:
                 if self._driver_gone():
                     break
             if self.leaving:  # its executor is being decommissioned: hand in what it holds, then say so
-                self._hand_in()
+                hand_in(self)
                 log.warning("agent %s left the run (its executor is being decommissioned)", self.id)
         except Exception:
             self.error = f"agent {self.id} training failed:\n{traceback.format_exc()}"
@@ -554,38 +509,13 @@ class Agent:
         return s
 
     def serve(self, srv) -> None:
-        """Accept exchange connections; at most MAX_CONNECTIONS at once (the socket is owner-only: a peer
-        that could flood it runs as this user; further connections are closed at once)."""
-        srv.settimeout(0.5)
-        slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        while not self.stop_requested:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            if not slots.acquire(blocking=False):
-                conn.close()
-                self.refused += 1
-                continue
-            threading.Thread(target=self._serve_one, args=(conn, slots), daemon=True).start()
+        """Answer the exchange tasks on ``srv`` (:class:`~mpca.runtime.agent_server.ChannelServer`) until it stops."""
+        self.server.serve(srv)
 
-    def _serve_one(self, conn, slots=None) -> None:
-        try:
-            ch = Channel.accept(conn, self.spec.secret, self.spec.max_payload)
-            while True:
-                header, payload = ch.recv()
-                try:
-                    reply, body = self.handle(header, payload)
-                except (ValueError, KeyError, TypeError, IndexError, TimeoutError) as e:  # answered, not fatal
-                    reply, body = {"error": f"bad request {header.get('op')!r}: {e!r}"}, None
-                ch.send(reply, body)
-        except (ChannelError, OSError) as e:
-            if not isinstance(e, ChannelError) or "closed" not in str(e):
-                log.warning("agent %s: dropped a connection: %s", self.id, e)
-        finally:
-            conn.close()
-            if slots is not None:
-                slots.release()
+    @property
+    def refused(self) -> int:
+        """Connections closed because :data:`~mpca.runtime.agent_server.MAX_CONNECTIONS` were open."""
+        return self.server.refused
 
     def summary(self) -> dict:
         return {**self.report(exchange_s=self.exchange_s, alive_s=time.time() - self.started,
@@ -597,7 +527,7 @@ class Agent:
         try:
             self.rule.close()
         finally:
-            for client in (self.service, self._leave_watch):
+            for client in (self.service, self.leave_watch):
                 if client is not None:
                     client.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Tuple
 
 Event = Callable[[float], Any]  # called with its virtual time
 
@@ -25,9 +25,6 @@ class VirtualClock:
 
     def __len__(self) -> int:
         return len(self._heap)
-
-    def next_time(self) -> Optional[float]:
-        return self._heap[0][0] if self._heap else None
 
     def step(self) -> bool:
         """Run the earliest event (False when none is left)."""

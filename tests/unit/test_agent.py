@@ -282,7 +282,7 @@ def test_hundreds_of_idle_connections_hold_at_most_a_bounded_number_of_threads(t
     import threading
     import time
 
-    from mpca.runtime import agent as agent_module
+    from mpca.runtime.agent_server import MAX_CONNECTIONS
     from mpca.runtime.channel import Channel
 
     a, path, srv = _serving(tmp_path)
@@ -294,10 +294,10 @@ def test_hundreds_of_idle_connections_hold_at_most_a_bounded_number_of_threads(t
             s.connect(path)
             idle.append(s)
         deadline = time.time() + 10
-        while a.refused < 300 - agent_module.MAX_CONNECTIONS and time.time() < deadline:
+        while a.refused < 300 - MAX_CONNECTIONS and time.time() < deadline:
             time.sleep(0.05)
-        assert a.refused == 300 - agent_module.MAX_CONNECTIONS  # the rest closed at once
-        assert threading.active_count() - before <= agent_module.MAX_CONNECTIONS
+        assert a.refused == 300 - MAX_CONNECTIONS  # the rest closed at once
+        assert threading.active_count() - before <= MAX_CONNECTIONS
         for s in idle:
             s.close()
         deadline = time.time() + 10

@@ -231,7 +231,7 @@ def test_an_agent_asked_to_leave_is_told_in_its_next_answer_and_is_not_missing_o
 
     from mpca.algorithm.easgd import EASGDDriver
     from mpca.algorithm.wire import Codec
-    from mpca.runtime.agent import LeaveOnRequest
+    from mpca.runtime.agent_leave import LeaveOnRequest
     from mpca.runtime.driver_service import DriverService
 
     rule = EASGDDriver([torch.zeros(4)], agents=2, alpha=0.5)
