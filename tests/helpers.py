@@ -255,3 +255,14 @@ def tiny_resnet():
 
 def adamw_3e3(params):
     return torch.optim.AdamW(params, lr=3e-3)
+
+
+def answered(*agents, joining=()):
+    """What a cycle's job returned when ``agents`` answered (``joining``: replacements among them)."""
+    from mpca.runtime.record import ExchangeRecord
+    from mpca.runtime.reports import AgentReport
+
+    rec = ExchangeRecord()
+    for a in agents:
+        rec.agents[a] = AgentReport(agent=a, t_yield=1.0, joining=a in joining)
+    return rec

@@ -141,3 +141,13 @@ def test_a_broadcast_counts_as_delivered_when_the_last_agent_held_it_within_its_
     assert CycleRecord(1, 1, 0, t_submit=10.0, t_end=11.2, bcast_end=12.0).delivered_at() == 11.2  # clock ahead
     assert CycleRecord(1, 1, 0, t_submit=10.0, t_end=11.2, bcast_end=9.5).delivered_at() == 10.0  # clock behind
     assert CycleRecord(1, 1, None, t_submit=10.0, t_end=11.2).delivered_at() == 11.2
+
+
+def test_overlap_is_computed_from_timestamps():
+    tl = Timeline()
+    a = CycleRecord(0, 0, 1, t_submit=0.0, t_end=2.0, bcast_end=1.5, reduce_start=1.0)
+    b = CycleRecord(1, 1, 2, t_submit=3.0, t_end=5.0, bcast_end=3.5, reduce_start=4.0)
+    tl.add(a)
+    tl.add(b)
+    assert a.broadcast_overlaps_reduce() and not b.broadcast_overlaps_reduce()
+    assert tl.overlap_fraction(skip=0) == 0.5

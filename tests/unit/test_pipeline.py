@@ -1,0 +1,112 @@
+"""The runtime's pipeline (mpca.runtime.pipeline) and the control jobs it runs (mpca.runtime.control), without Spark."""
+from __future__ import annotations
+
+import pytest
+
+from mpca.algorithm import WeightedSum
+from mpca.algorithm.wire import Codec
+from mpca.runtime.roster import AgentRoster
+from mpca.runtime.timeline import CycleRecord
+from tests.helpers import answered
+
+
+def _pipeline(executors=1):
+    import torch
+
+    from mpca.algorithm.mpca import MPCA
+    from mpca.runtime.pipeline import ExchangePipeline
+    from mpca.runtime.roster import AgentRoster
+
+    algorithm = MPCA(shards=1)
+    rule = algorithm.driver_rule([torch.zeros(4)], agents=2)
+    return ExchangePipeline(None, "r", b"s", rule, algorithm, AgentRoster([0, 1]), Codec(), executors=executors)
+
+
+def test_with_fewer_agents_than_executors_jobs_reach_every_executor_at_once(monkeypatch):
+    """One agent on two executors: the start handshake and each cycle send tasks to every executor (K tasks
+    would often land on the agent-less one: a 10 s wait at start, a corrective job per cycle)."""
+    from mpca.runtime.pipeline import CycleRecord as Rec
+
+    sent, agents = [], [0]
+
+    def fake(plan, tasks, bc, description, purpose="control"):
+        sent.append((plan.op, tasks, plan.wait_for_agent_s))
+        return answered(*agents)
+
+    from mpca.runtime import control
+
+    p = _pipeline(executors=2)
+    p.roster.agents = [0]
+    monkeypatch.setattr(p.jobs, "run", fake)
+    monkeypatch.setattr(p.jobs, "run_parts", lambda parts, d, purpose: fake(parts[0][0], parts[0][1], None, d))
+    control.hello(p.jobs, 1, 5.0, lambda: True)
+    plan = p.jobs.plan("c0", "reduce")
+    p.job_with_corrections(plan, None, None, "cycle 0", Rec(0, 0, None, t_submit=0.0))
+    assert sent == [("hello", 4, 2.0), ("reduce", 4, 0.0)]
+    sent.clear()
+    agents.append(1)
+    p = _pipeline(executors=2)  # two agents on two executors: exactly K tasks, as before
+    monkeypatch.setattr(p.jobs, "run", fake)
+    monkeypatch.setattr(p.jobs, "run_parts", lambda parts, d, purpose: fake(parts[0][0], parts[0][1], None, d))
+    monkeypatch.setattr(p.roster, "track", lambda rec, result: None)
+    p.job_with_corrections(plan, None, None, "cycle 0", Rec(0, 0, None, t_submit=0.0))
+    assert sent[0][1] == 2
+
+
+def test_a_handed_in_contribution_joins_the_next_reduction_of_its_shard_if_the_driver_rule_takes_it():
+    """A leaving agent's last contribution (sync: its model, weight 1) is added to the reduction staged next —
+    (2, 2) from the exchange and (4, 6) handed in average to (3, 4) — and one of another round is dropped."""
+    import torch
+
+    from mpca.algorithm.sync import Sync
+    from mpca.runtime.pipeline import ExchangePipeline
+
+    algorithm = Sync(every=5)
+    rule = algorithm.driver_rule([torch.zeros(2)], agents=2)
+    pipe = ExchangePipeline(None, "r", b"s", rule, algorithm, AgentRoster([0, 1]), Codec())
+    pipe.hand_in(1, 0, WeightedSum.of(torch.tensor([4.0, 6.0]), 1.0), {"round": 0})
+    pipe.hand_in(1, 0, WeightedSum.of(torch.tensor([100.0, 100.0]), 1.0), {"round": 3})  # not this round's
+    from_exchange = WeightedSum(torch.tensor([2.0, 2.0]), 1.0)
+    pipe.schedule.publish = lambda shard, vec: None  # no SparkContext: nothing to broadcast with
+    outcome = pipe.schedule.close(pipe.schedule.open(0), from_exchange)  # the stage phase of round 0
+    assert rule.joint[0].tolist() == [3.0, 4.0] and outcome.handed_in == [1]
+    outcome = pipe.schedule.close(pipe.schedule.open(1), from_exchange)
+    assert rule.joint[0].tolist() == [2.0, 2.0] and outcome.handed_in == []  # taken once
+    pipe.close()
+
+
+def test_an_agents_error_for_the_user_is_one_line_and_any_other_fails_the_run_naming_the_agent():
+    from mpca.errors import RunFailedError, UserError
+    from mpca.runtime.pipeline import agent_failure
+
+    e = agent_failure(3, "labels reach 29 but the model outputs 10 classes (found in agent 3's rows)", True)
+    assert type(e) is UserError and str(e).startswith("labels reach 29")
+    e = agent_failure(3, "training failed: boom", False)
+    assert type(e) is RunFailedError and str(e) == "agent 3 failed: training failed: boom"
+
+
+def test_the_start_handshake_is_cancelled_the_moment_the_agents_job_ends(monkeypatch):
+    """hello's tasks wait long for agents still loading data (control.HELLO_WAIT_S); when the agents' job ends
+    meanwhile (an error every agent hit) the driver cancels the handshake at once and says why."""
+    import threading
+    import time
+    import types
+
+    from mpca.errors import RunFailedError
+    from mpca.runtime import control
+
+    p = _pipeline(executors=2)
+    cancelled, waits = threading.Event(), []
+
+    def blocked(plan, tasks, bc, description, purpose="control"):
+        waits.append(plan.wait_for_agent_s)
+        cancelled.wait(20)  # a Spark job whose tasks wait for agents that never listen
+        raise RuntimeError("job cancelled")
+
+    monkeypatch.setattr(p.jobs, "run", blocked)
+    monkeypatch.setattr(p.jobs, "sc", types.SimpleNamespace(cancelJobGroup=lambda group: cancelled.set()))
+    ended_at = time.time() + 0.5
+    t = time.time()
+    with pytest.raises(RunFailedError, match="ended before all agents came up: no module named team_models"):
+        control.hello(p.jobs, 2, 300.0, lambda: time.time() < ended_at, lambda: "no module named team_models")
+    assert time.time() - t < 3 and cancelled.is_set() and waits == [control.HELLO_WAIT_S]
