@@ -21,7 +21,7 @@ from mpca.algorithm import DriverRule
 from mpca.config import Settings, settings_from
 from mpca.errors import RunFailedError, UserError
 from mpca.evaluation import BackgroundEvaluator, EvalResult, SampleRate, evaluate
-from mpca.observers import OnCycle, observer_of
+from mpca.observers import OnCycle, RunObserver, observer_of
 from mpca.runtime.reports import RunCounters
 from mpca.runtime.timeline import Timeline
 from mpca.stopping import LN2, StopRules, metric_column
@@ -201,7 +201,7 @@ class Trainer:
         from mpca.progress import Progress
         from mpca.runtime.run import AgentRun
 
-        from mpca.data.checks import NO_ROWS, check_dataframe, check_schema, labels_problem
+        from mpca.data.checks import NO_ROWS, check_dataframe, check_schema
         from mpca.data.holdout import with_row_hash
         from mpca.runtime.cluster import require_classic
 
@@ -227,16 +227,9 @@ class Trainer:
         # no row read before the agents' job where the rows' shape is given: the agents check every row they load
         classes = (check_schema(train_df.schema, d.features, d.label, d.input_shape, *fns) if d.input_shape else
                    check_dataframe(train_df, d.features, d.label, d.input_shape, *fns, full=False))
-        ready: Dict[str, object] = {"calibration": self._calibration(model, train_df)}
-
-        def check_holdout(hy):
-            problem = labels_problem(hy, classes, d.label)  # the holdout is on the driver: all of it
-            if problem:
-                raise UserError(f"{problem} (found in the holdout rows)")
-
+        holdout_rows = _HoldoutRows(classes, d.label, self._calibration(model, train_df))
         if not on_agents:
-            ready["hx"], ready["hy"] = self._holdout(hold_df)
-            check_holdout(ready["hy"])
+            holdout_rows.take(*self._holdout(hold_df))
         observer = observer_of(self.on_cycle)
         observer.start(st)  # a tracker (mpca.tracking): params before the run
         agents_df = with_row_hash(rows_df, d.features, d.label, st.seed) if on_agents else train_df
@@ -247,90 +240,17 @@ class Trainer:
         initial = run.joint_vectors()  # the curve's first point: the model before any agent steps
         t0 = time.time() - prior_wall
         out = _Outcome(history=[], first_cycle=first_cycle, t0=t0, cycles=first_cycle, prepare_s=time.time() - called)
-        metric = st.eval.metric
-        stop = StopRules(st.stop, t0, self.stop_requested, metric)
-        progress = Progress(st.progress, st.stop.target, metric=metric)
         # scores queue from the start and wait for the holdout where the agents set it aside (mpca.evaluation)
-        evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, self.loss_fn, ready["calibration"])
+        evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, self.loss_fn, holdout_rows.calibration)
         if first_cycle == 0:  # the starting point of the curve: the initial model, before any agent stepped
             evaluator.submit(initial, -1, 0.0, {}, 0.0, run.metrics)
         saver = BackgroundSaver(st.checkpoint.dir, st.checkpoint.keep)
-
-        def holdout_ready(wait_s: float = 0.0) -> bool:
-            """Whether the evaluator has the holdout: the agents set it aside as their rows arrive, so it is
-            asked for once every agent has all of them, or after ``wait_s`` of asking."""
-            if evaluator.has_holdout:
-                return True
-            if "hx" not in ready:
-                got = run.holdout_rows(wait_s) if wait_s or run.rows_loaded() else None
-                if got is None:
-                    return False
-                check_holdout(got[1])
-                ready["hx"], ready["hy"] = got
-            evaluator.set_holdout(ready["hx"], ready["hy"])
-            return True
-
+        progress = Progress(st.progress, st.stop.target, metric=st.eval.metric)
+        loop = _RunLoop(self, run, out, evaluator, holdout_rows, observer,
+                        lambda cycles, wall: saver.submit(self._snapshot(run, model, cycles, specs, wall)), progress)
         try:
             with run:
-                out.agents_up_s = time.time() - t0
-                out.startup = run.startup_phases(t0)
-                rows = sum(int(r.rows or 0) for r in run.agent_info.values())  # there yet: some may still arrive
-                if rows == 0 and not st.training.elastic:  # every row went to the holdout (a tiny data set)
-                    raise UserError(NO_ROWS)
-                rate = SampleRate()
-                rate.observe(run.agent_info)  # the agents' counts at start: a rate from the first cycle on
-                c, last_eval, eval_wanted = first_cycle, time.time(), False
-                while out.stop_reason is None:
-                    rec = run.cycle(c)
-                    out.cycles = c + 1
-                    if out.first_exchange_s is None and rec.bcast_shard is not None and rec.delivered:
-                        # the pipeline's first useful exchange: when the last agent held the shard (with one
-                        # exchange task per agent the job then goes on to reduce the cycle's shard)
-                        out.first_exchange_s = rec.delivered_at() - t0
-                        out.first_exchange_job_end_s = rec.t_end - t0
-                    reports = run.latest_reports()
-                    rows = sum(int(r.rows or 0) for r in {**run.agent_info, **reports}.values())
-                    samples = sum(int(r.samples or 0) for r in reports.values())
-                    epochs = samples / rows if rows else 0.0
-                    sps = rate.observe(reports)
-                    membership = run.membership()  # (agents present, agents the run has now)
-                    eval_wanted = eval_wanted or self._eval_due(c - first_cycle, last_eval)
-                    # the holdout's control jobs wait until the pipeline's first useful exchange (or its fill's
-                    # two cycles, for the algorithms without one): they must not delay it
-                    filled = out.first_exchange_s is not None or c - first_cycle >= 2
-                    if filled:
-                        holdout_ready()  # the copies due before it wait for it in the evaluator
-                        if eval_wanted and evaluator.submit(
-                                run.joint_vectors(), c, time.time() - t0, rec.agents, epochs, run.metrics, sps,
-                                present=membership[0]):
-                            last_eval, eval_wanted = time.time(), False  # one it had no room for: next cycle
-                    if st.checkpoint.dir and out.cycles % st.checkpoint.every_cycles == 0:
-                        saver.submit(self._snapshot(run, model, out.cycles, specs, time.time() - t0))
-                    progress.update(out.cycles, None, sum(sps.values()) if sps else None,
-                                    agents=membership)
-                    met = False
-                    for row in evaluator.drain():
-                        snapshot = row.pop("_snapshot")
-                        self._with_bits(row)
-                        out.history.append(row)
-                        progress.update(out.cycles, row[metric_column(metric)], row["samples_per_s"])
-                        observer(row)
-                        if not met and stop.target_met(row[metric_column(metric)]):
-                            met, out.winner = True, snapshot  # the joint model that met the target
-                    out.stop_reason = stop.reason(out.cycles, epochs, met)
-                    # optional throttle: fewer cycles leave more CPU to the agents where cores are shared
-                    time.sleep(max(0.0, st.algorithm.cycle_interval_s - (time.time() - rec.t_submit)))
-                    c += 1
-                if not holdout_ready(st.cluster.agent_start_timeout_s):  # a run that ended before every row arrived
-                    raise RunFailedError(f"the agents' rows did not all arrive within "
-                                         f"{st.cluster.agent_start_timeout_s:.0f}s of the run's end; check the "
-                                         "executors' logs")
-                evaluator.close()  # the scores still queued (those taken before the holdout came, where it came late)
-                for row in evaluator.drain():
-                    row.pop("_snapshot")
-                    self._with_bits(row)
-                    out.history.append(row)
-                    observer(row)
+                loop.until_stop()
         except BaseException:
             observer.finish(None)  # the tracker's run ends as failed
             raise
@@ -338,7 +258,7 @@ class Trainer:
             evaluator.close()
             saver.close()
             progress.close()
-        result = self._finish(run, model, specs, saver, out, ready["hx"], ready["hy"], ready["calibration"])
+        result = self._finish(run, model, specs, saver, out, holdout_rows.x, holdout_rows.y, holdout_rows.calibration)
         observer.finish(result)
         return result
 
@@ -388,6 +308,129 @@ class Trainer:
                          agents_up_s=out.agents_up_s, first_exchange_s=out.first_exchange_s,
                          first_exchange_job_end_s=out.first_exchange_job_end_s, prepare_s=out.prepare_s,
                          startup=out.startup)
+
+
+class _HoldoutRows:
+    """The rows the joint model is scored on (features ``x``, labels ``y``), checked against the model's classes as
+    they arrive — read by the driver before the run, or handed over by the agents that set them aside — and the
+    training rows that re-estimate BatchNorm statistics (``calibration``)."""
+
+    def __init__(self, classes: Optional[int], label: str, calibration: Optional[torch.Tensor]):
+        self.classes, self.label, self.calibration = classes, label, calibration
+        self.x: Optional[torch.Tensor] = None
+        self.y: Optional[torch.Tensor] = None
+
+    def take(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        from mpca.data.checks import labels_problem
+
+        problem = labels_problem(y, self.classes, self.label)  # the holdout is on the driver: all of it
+        if problem:
+            raise UserError(f"{problem} (found in the holdout rows)")
+        self.x, self.y = x, y
+
+    @property
+    def here(self) -> bool:
+        return self.x is not None
+
+
+class _RunLoop:
+    """The cycles of one fit: a cycle of the agents' run, then what follows it — the first useful exchange noted,
+    the joint model queued for evaluation when due, a checkpoint when due (``checkpoint``), the progress line, each
+    new history row to the observer, the stop rules — until one of them says stop; ``out`` holds how it went."""
+
+    def __init__(self, trainer: "Trainer", run, out: "_Outcome", evaluator: BackgroundEvaluator,
+                 holdout: _HoldoutRows, observer: RunObserver, checkpoint: Callable[[int, float], None], progress):
+        st = trainer.settings
+        self.trainer, self.st, self.run, self.out = trainer, st, run, out
+        self.evaluator, self.holdout, self.observer = evaluator, holdout, observer
+        self.checkpoint, self.progress = checkpoint, progress
+        self.metric = st.eval.metric
+        self.stop = StopRules(st.stop, out.t0, trainer.stop_requested, self.metric)
+        self.rate = SampleRate()
+        self.last_eval, self.eval_wanted = time.time(), False
+
+    def holdout_ready(self, wait_s: float = 0.0) -> bool:
+        """Whether the evaluator has the holdout: the agents set it aside as their rows arrive, so it is asked for
+        once every agent has all of them, or after ``wait_s`` of asking."""
+        if self.evaluator.has_holdout:
+            return True
+        if not self.holdout.here:
+            got = self.run.holdout_rows(wait_s) if wait_s or self.run.rows_loaded() else None
+            if got is None:
+                return False
+            self.holdout.take(*got)
+        self.evaluator.set_holdout(self.holdout.x, self.holdout.y)
+        return True
+
+    def until_stop(self) -> None:
+        """Cycle until a stop rule holds, then take the evaluations still queued."""
+        from mpca.data.checks import NO_ROWS
+
+        out, run, st = self.out, self.run, self.st
+        out.agents_up_s = time.time() - out.t0
+        out.startup = run.startup_phases(out.t0)
+        rows = sum(int(r.rows or 0) for r in run.agent_info.values())  # there yet: some may still arrive
+        if rows == 0 and not st.training.elastic:  # every row went to the holdout (a tiny data set)
+            raise UserError(NO_ROWS)
+        self.rate.observe(run.agent_info)  # the agents' counts at start: a rate from the first cycle on
+        c = out.first_cycle
+        while out.stop_reason is None:
+            rec = run.cycle(c)
+            self.after(c, rec)
+            # optional throttle: fewer cycles leave more CPU to the agents where cores are shared
+            time.sleep(max(0.0, st.algorithm.cycle_interval_s - (time.time() - rec.t_submit)))
+            c += 1
+        if not self.holdout_ready(st.cluster.agent_start_timeout_s):  # a run that ended before every row arrived
+            raise RunFailedError(f"the agents' rows did not all arrive within "
+                                 f"{st.cluster.agent_start_timeout_s:.0f}s of the run's end; check the "
+                                 "executors' logs")
+        self.evaluator.close()  # the scores still queued (those taken before the holdout came, where it came late)
+        self.rows(final=True)
+
+    def after(self, c: int, rec) -> None:
+        """What follows cycle ``c`` (its record ``rec``)."""
+        out, run, t0 = self.out, self.run, self.out.t0
+        out.cycles = c + 1
+        if out.first_exchange_s is None and rec.bcast_shard is not None and rec.delivered:
+            # the pipeline's first useful exchange: when the last agent held the shard (with one exchange task per
+            # agent the job then goes on to reduce the cycle's shard)
+            out.first_exchange_s = rec.delivered_at() - t0
+            out.first_exchange_job_end_s = rec.t_end - t0
+        reports = run.latest_reports()
+        rows = sum(int(r.rows or 0) for r in {**run.agent_info, **reports}.values())
+        samples = sum(int(r.samples or 0) for r in reports.values())
+        epochs = samples / rows if rows else 0.0
+        sps = self.rate.observe(reports)
+        membership = run.membership()  # (agents present, agents the run has now)
+        self.eval_wanted = self.eval_wanted or self.trainer._eval_due(c - out.first_cycle, self.last_eval)
+        # the holdout's control jobs wait until the pipeline's first useful exchange (or its fill's two cycles, for
+        # the algorithms without one): they must not delay it
+        if out.first_exchange_s is not None or c - out.first_cycle >= 2:
+            self.holdout_ready()  # the copies due before it wait for it in the evaluator
+            if self.eval_wanted and self.evaluator.submit(run.joint_vectors(), c, time.time() - t0, rec.agents,
+                                                          epochs, run.metrics, sps, present=membership[0]):
+                self.last_eval, self.eval_wanted = time.time(), False  # one it had no room for: next cycle
+        if self.st.checkpoint.dir and out.cycles % self.st.checkpoint.every_cycles == 0:
+            self.checkpoint(out.cycles, time.time() - t0)
+        self.progress.update(out.cycles, None, sum(sps.values()) if sps else None, agents=membership)
+        met = self.rows()
+        out.stop_reason = self.stop.reason(out.cycles, epochs, met)
+
+    def rows(self, final: bool = False) -> bool:
+        """The evaluations done since the last call, into the history, the progress line and the observer;
+        whether one met the target (its joint model becomes the winner; ``final``: after the run, no more)."""
+        met = False
+        column = metric_column(self.metric)
+        for row in self.evaluator.drain():
+            snapshot = row.pop("_snapshot")
+            self.trainer._with_bits(row)
+            self.out.history.append(row)
+            if not final:
+                self.progress.update(self.out.cycles, row[column], row["samples_per_s"])
+            self.observer(row)
+            if not final and not met and self.stop.target_met(row[column]):
+                met, self.out.winner = True, snapshot  # the joint model that met the target
+        return met
 
 
 @dataclass
