@@ -315,6 +315,13 @@ class Algorithm(BaseModel):
     # out of their task; an agent whose rebuild differs takes the driver's model before it trains (a join,
     # mpca.runtime.initial) — False where an agent cannot wait for that (DDP's replicas step together at once)
     rebuilds_initial_model: ClassVar[bool] = True
+    # the model a run is scored on: "joint" — the driver's joint model, built by the exchange; "agent" — agent 0's
+    # own (DDP's replicas are identical; one agent alone is scored on its own model, not on the driver's snapshot of
+    # it, taken once a cycle and up to a cycle late)
+    scored_model: ClassVar[Literal["joint", "agent"]] = "joint"
+    # the agents average among themselves every step (a collective: DDP's all-reduce through torch.distributed);
+    # the driver only arranges their rendezvous and observes
+    collective: ClassVar[bool] = False
     summary: ClassVar[str] = ""
     # the wire format a run of this algorithm uses where ``wire.format`` is not set (config.WireSection.resolved)
     default_wire: ClassVar[str] = "fp32"

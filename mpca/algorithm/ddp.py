@@ -317,6 +317,8 @@ class DDP(Algorithm):
     summary = "gradients all-reduced every step (torch.distributed); replicas stay identical"
     default_cycle_interval_s = 1.0  # the driver's snapshots of the model, for evaluation and checkpoints
     rebuilds_initial_model = False  # every rank's first all-reduce needs the others: none can wait for a join
+    scored_model = "agent"  # the replicas are identical
+    collective = True
     timeout_s: float = Field(120.0, gt=0.0, description="rendezvous and collective timeout")
     verify_every: int = Field(0, ge=0, description="record a fingerprint of the model every n steps (tests)")
     regroup_settle_s: float = Field(2.0, gt=0.0, description="after a lost rank: how long the survivors' ready set "

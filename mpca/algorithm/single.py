@@ -25,6 +25,7 @@ class Single(Algorithm):
     name: Literal["single"] = "single"
     summary = "one agent, no exchange (the driver only observes its model)"
     default_cycle_interval_s = 1.0  # the driver's snapshots of the model, for evaluation and checkpoints
+    scored_model = "agent"  # its own model, not the driver's snapshot of it
 
     def check_agents(self, agents):
         if agents != 1:

@@ -130,7 +130,8 @@ def check_supported(cfg: SimConfig) -> None:
     if name in REFUSED:
         raise ValueError(f"the simulator does not run {name}: {REFUSED[name]}")
     cfg.algorithm.check_agents(cfg.agents)
-    if cfg.absences and (cfg.algorithm.exchange != "cycle" or name in ("ddp", "single")):
+    algo = cfg.algorithm
+    if cfg.absences and (algo.exchange != "cycle" or algo.collective or algo.scored_model != "joint"):
         raise ValueError(f"absent and joining agents are simulated for mpca, sync and diloco (the driver's exchange "
                          f"cycles), not for {name}")
 
@@ -141,7 +142,7 @@ class Simulator:
         self.cfg = cfg
         algo, K, work = cfg.algorithm, cfg.agents, cfg.workload
         self.K = K
-        self.ddp = algo.name == "ddp"
+        self.ddp = algo.collective  # the agents' all-reduce, simulated here (torch.distributed is not)
         torch.manual_seed(cfg.seed)
         model = work.model_fn()
         self.layout = algo.shard_layout(model)
@@ -314,9 +315,7 @@ class Simulator:
 
     # ------------------------------------------------------------------ evaluation
     def joint_vectors(self) -> List[torch.Tensor]:
-        if self.ddp or self.cfg.algorithm.name == "single":
-            # ddp: the replicas are identical; single: the agent's own model, not the driver's snapshot of it
-            # (taken once a cycle, up to a cycle late), so that one agent's time to a target is its own
+        if self.cfg.algorithm.scored_model == "agent":  # Algorithm.scored_model: ddp, single
             return [self.agents[0].shards.read(s) for s in range(self.layout.num_shards)]
         return self.rule.joint_vectors()
 

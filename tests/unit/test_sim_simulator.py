@@ -399,3 +399,22 @@ def test_the_virtual_pipeline_broadcasts_each_reduction_when_the_runtime_does():
     assert [c.bcast_shard for c in res.cycles[:7]] == [None, 0, 1, 2, 0, 1, 2]
     res = simulate(config({"name": "mpca", "stage": "overlapped"}, max_virtual_s=12.0))
     assert [c.bcast_shard for c in res.cycles[:7]] == [None, 0, None, 1, 2, 0, 1]
+
+
+def test_the_simulator_asks_the_algorithms_what_they_are_not_their_names():
+    """Which model is scored and who averages are the algorithm's declarations (Algorithm.scored_model,
+    Algorithm.collective), not names the simulator knows: a name tested in mpca/sim goes red here."""
+    import pathlib
+    import re
+
+    from mpca.algorithm import algorithm_names, build_algorithm
+
+    declared = {n: (build_algorithm(n).scored_model, build_algorithm(n).collective) for n in algorithm_names()}
+    assert declared["ddp"] == ("agent", True) and declared["single"] == ("agent", False)
+    assert declared["mpca"] == declared["sync"] == declared["easgd"] == ("joint", False)
+    names = "|".join(re.escape(n) for n in algorithm_names())
+    sim = pathlib.Path(__file__).resolve().parents[2] / "mpca" / "sim"
+    by_name = [f"{p.name}:{i + 1}" for p in sorted(sim.glob("*.py")) if p.name not in ("plan.py", "plan_command.py")
+               for i, line in enumerate(p.read_text(encoding="utf-8").splitlines())
+               if re.search(rf"""name\s*(==|!=|in)\s*\(?[^)]*["']({names})["']""", line)]
+    assert not by_name, f"the simulator tests algorithm names: {by_name}"
