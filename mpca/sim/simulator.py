@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from mpca.algorithm.base import Algorithm, AgentRule
 from mpca.algorithm.registry import build as build_algorithm
 from mpca.algorithm.ring import ring_in_lock_step
-from mpca.algorithm.wire import Codec, ErrorFeedback, WireFormat
+from mpca.algorithm.wire import DEFAULT_BLOCK, Codec, ErrorFeedback, WireFormat
 from mpca.evaluation import evaluate, has_batchnorm, recalibrate_batchnorm
 from mpca.sim.agents import SimAgent
 from mpca.sim.clock import VirtualClock
@@ -74,7 +74,7 @@ class SimConfig(BaseModel):
     algorithm: Algorithm = Field(default_factory=lambda: build_algorithm("mpca"))
     agents: int = Field(4, ge=1, le=4096)
     wire: Optional[WireFormat] = None  # None: the algorithm's default (Algorithm.default_wire)
-    wire_block: int = Field(4096, ge=1)
+    wire_block: int = Field(DEFAULT_BLOCK, ge=64)  # wire.block
     network: NetworkConstants = Field(default_factory=NetworkConstants)
     compute: ComputeModel = Field(default_factory=ComputeModel)
     workload: Workload = Field(default_factory=TeacherWorkload)
