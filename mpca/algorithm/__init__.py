@@ -13,7 +13,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "mpca.algorithm.base": ("AgentContext", "AgentRule", "Algorithm", "DriverRule", "ServiceAgent"),
+    "mpca.algorithm.base": ("AgentContext", "AgentRule", "Algorithm", "DriverRule", "ServiceAgent", "ServiceAlgorithm"),
     "mpca.algorithm.joint": ("JointShard", "MPCAHyper"),
     "mpca.algorithm.registry": ("register",),
     "mpca.algorithm.rules": ("blend", "compensated_pull_", "easgd_exchange_", "eager_outer_gradient", "elastic_pull_",

@@ -28,7 +28,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, List, Literal, Optional, Tuple
 
-import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -355,3 +354,12 @@ class Algorithm(BaseModel):
         """How the exchanged tensors of ``module`` are cut into :attr:`num_shards` shards (by bytes; Streaming
         DiLoCo: whole layers, its fragments).  The runtime, the trainer and the simulator all take it from here."""
         return ShardLayout.from_module(module, self.num_shards, self.buffers)
+
+
+class ServiceAlgorithm(Algorithm):
+    """The base of the agent-initiated algorithms (EASGD, Rudra, Hermans' servers, weak synchronization): their
+    agents call the driver's parameter service (their rules are :class:`ServiceAgent` rules) and the driver's cycles
+    only observe the service's latest reports, once a second unless ``min_cycle_interval_s`` says otherwise."""
+
+    exchange: ClassVar[Literal["cycle", "service"]] = "service"
+    default_cycle_interval_s: ClassVar[float] = 1.0

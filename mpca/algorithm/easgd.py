@@ -13,7 +13,7 @@ from typing import Literal, Optional
 import torch
 from pydantic import Field
 
-from mpca.algorithm.base import Algorithm, DriverRule, ServiceAgent
+from mpca.algorithm.base import DriverRule, ServiceAgent, ServiceAlgorithm
 from mpca.algorithm.registry import register
 
 
@@ -84,12 +84,10 @@ class EASGDDriver(DriverRule):
 
 
 @register
-class EASGD(Algorithm):
+class EASGD(ServiceAlgorithm):
     """Asynchronous EASGD through the driver's parameter service."""
 
     name: Literal["easgd"] = "easgd"
-    exchange = "service"
-    default_cycle_interval_s = 1.0  # the driver's cycles only observe the service's latest reports
     summary = "every τ local steps each agent exchanges α(x_i − x̃) with the driver's parameter service"
     every: int = Field(10, ge=1, description="τ: local steps between an agent's exchanges")
     alpha: Optional[float] = Field(None, gt=0.0, le=1.0,

@@ -29,7 +29,7 @@ from typing import Dict, List, Literal, Optional
 import torch
 from pydantic import Field
 
-from mpca.algorithm.base import Algorithm, DriverRule, RunningMean, ServiceAgent
+from mpca.algorithm.base import DriverRule, RunningMean, ServiceAgent, ServiceAlgorithm
 from mpca.algorithm.easgd import EASGD
 from mpca.algorithm.registry import register
 
@@ -138,9 +138,7 @@ class CommitServer(DriverRule):
         self.pulled_at = {a: self.updates for a in self.pulled_at}  # after a resume every worker pulls afresh
 
 
-class _Commit(Algorithm):
-    exchange = "service"
-    default_cycle_interval_s = 1.0  # the driver's cycles only observe the service's latest reports
+class _Commit(ServiceAlgorithm):
     every: int = Field(1, ge=1, description="λ: local steps between a worker's commits")
 
     def agent_factory(self):

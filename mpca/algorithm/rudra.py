@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from mpca.algorithm.base import Algorithm, DriverRule, GradientPusher, RunningMean
+from mpca.algorithm.base import DriverRule, GradientPusher, RunningMean, ServiceAlgorithm
 from mpca.algorithm.registry import register
 
 
@@ -138,9 +138,7 @@ class RudraServer(DriverRule):
         self.ts = int(state.get("ts", 0))
 
 
-class _Rudra(Algorithm):
-    exchange = "service"
-    default_cycle_interval_s = 1.0  # the driver's cycles only observe the service's latest reports
+class _Rudra(ServiceAlgorithm):
     lr: float = Field(0.05, gt=0.0, description="α0: the server's SGD learning rate")
     batch_size: int = Field(32, ge=1, description="μ: the learners' mini-batch (for hardsync's √(λμ/B))")
     reference_batch: int = Field(128, ge=1, description="B: the reference model's batch (hardsync)")

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from mpca.algorithm.base import Algorithm, DriverRule, GradientPusher, RunningMean
+from mpca.algorithm.base import DriverRule, GradientPusher, RunningMean, ServiceAlgorithm
 from mpca.algorithm.registry import register
 
 MAX_BLOCKS = 256  # the block timestamps travel in the JSON header
@@ -218,12 +218,10 @@ class BlockServer(DriverRule):
 
 
 @register
-class WeakSync(Algorithm):
+class WeakSync(ServiceAlgorithm):
     """PSP-SGD: partial push (c gradients + τ1) and partial pull (b of the blocks + τ2) over P blocks."""
 
     name: Literal["weaksync"] = "weaksync"
-    exchange = "service"
-    default_cycle_interval_s = 1.0  # the driver's cycles only observe the service's latest reports
     summary = "weak synchronization (PSP-SGD): an iteration after c gradients + τ1, workers go on after b of the blocks + τ2"
     lr: float = Field(0.02, gt=0.0, description="η: the server's step per gradient (the step is d·η·mean)")
     blocks: int = Field(4, ge=1, le=MAX_BLOCKS, description="P: parameter blocks, each with its own timestamp")

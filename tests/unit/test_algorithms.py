@@ -255,3 +255,12 @@ def test_the_algorithm_package_exports_every_name_it_lists_and_the_registry_has_
         package.nope  # noqa: B018
     assert {"mpca", "single", "sync", "easgd", "diloco", "ddp", "weaksync", "downpour"} <= set(names())
     assert all(f"mpca.algorithm.{m}" in sys.modules for m in BUILT_IN_MODULES)
+
+
+def test_the_agent_initiated_algorithms_share_one_base_and_their_cycles_only_observe():
+    from mpca.algorithm import ServiceAlgorithm, algorithm_names
+
+    service = sorted(n for n in algorithm_names() if isinstance(build_algorithm(n), ServiceAlgorithm))
+    assert service == sorted(n for n in algorithm_names() if build_algorithm(n).exchange == "service")
+    assert {"easgd", "rudra-async", "downpour", "weaksync"} <= set(service) and "mpca" not in service
+    assert all(build_algorithm(n).cycle_interval_s == 1.0 for n in service)
