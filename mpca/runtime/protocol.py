@@ -77,9 +77,12 @@ def _of(value: Any, types: Types) -> bool:
 
 
 def header(ops: Mapping[str, Operation], op: str, **fields: Any) -> Dict[str, Any]:
-    """The header of request ``op`` with ``fields``, every one declared for it (a sender's bug otherwise)."""
-    spec = ops.get(op, ALGORITHM_REQUEST)
-    unknown = sorted(set(fields) - set(spec.fields())) if not spec.open else []
+    """The header of request ``op`` with ``fields``, every one declared for it (a sender's bug otherwise; an
+    algorithm's own request is built by :meth:`mpca.algorithm.base.ServiceAgent.call_service`, not here)."""
+    spec = ops.get(op)
+    if spec is None:
+        raise ValueError(f"unknown op {op!r}")
+    unknown = sorted(set(fields) - set(spec.fields()))
     if unknown:
         raise ValueError(f"op {op!r} has no field(s) {unknown}")
     return {"op": op, **fields}

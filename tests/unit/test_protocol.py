@@ -31,9 +31,11 @@ def test_a_bad_header_is_refused_in_one_line(received, says):
     assert "\n" not in str(e.value)
 
 
-def test_a_sender_cannot_send_a_field_it_did_not_declare():
+def test_a_sender_cannot_send_a_field_or_an_op_it_did_not_declare():
     with pytest.raises(ValueError, match=r"op 'stop' has no field\(s\) \['now'\]"):
         header(AGENT_OPS, "stop", now=True)
+    with pytest.raises(ValueError, match="unknown op 'stpo'"):
+        header(AGENT_OPS, "stpo")
 
 
 def test_the_service_takes_its_own_ops_and_an_algorithms_request_with_the_agents_counters():
