@@ -50,7 +50,6 @@ class Job:
     submitted: float
     yield_at: float
     bcast_end: float
-    bcast_shard: Optional[int]
     bcast_bytes: int
     waiting: set = field(default_factory=set)  # agents whose contribution is not taken yet
     partials: Dict[int, Tuple[float, Partial, int]] = field(default_factory=dict)  # agent → (ready, partial, bytes)
@@ -59,6 +58,10 @@ class Job:
     closed: bool = False  # reduced (or given up on): no more contributions
     not_before: float = 0.0  # the job cannot end earlier (its tasks' handshake with a stopped absent agent)
     missing: List[int] = field(default_factory=list)  # agents whose contribution did not reach the reduction
+
+    @property
+    def bcast_shard(self) -> Optional[int]:
+        return self.opened.staged.shard if self.opened.staged else None
 
 
 def tree_combine(partials: List[Partial]) -> Partial:
@@ -112,7 +115,7 @@ class VirtualPipeline:
         yield_at = bcast_end if waits else run
         absent = set(self.presence.absent)
         stopped = any(self.presence.stopped(a, run) for a in absent)  # its socket accepts, then the claim times out
-        job = Job(opened, t, yield_at, bcast_end, staged.shard if staged else None, bcast_bytes,
+        job = Job(opened, t, yield_at, bcast_end, bcast_bytes,
                   waiting=set(range(self.K)) - absent, optional=absent,
                   not_before=run + self.net.absent_claim_s if stopped else 0.0)
         self.job = job
