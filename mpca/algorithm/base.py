@@ -109,10 +109,11 @@ class AgentRule:
     def receive(self, shard: int, pieces: List[torch.Tensor], params: Params) -> None:
         """A broadcast shard arrived (``pieces``: one tensor per segment, on the agent's device)."""
 
-    def joined(self, pieces: List[List[torch.Tensor]], params: Params) -> None:
+    def joined(self, pieces: List[List[torch.Tensor]], params: Params, state: Optional[torch.Tensor] = None) -> None:
         """The agent joined (a replacement, an elastic run's late agent): the runtime wrote the driver rule's join
-        vectors (``pieces``, per shard) into the model and calls :meth:`on_reset` next.  By default each shard
-        is received as a broadcast; rules whose broadcasts are not models (outer gradients) override it."""
+        vectors (``pieces``, per shard) into the model and calls :meth:`on_reset` next; ``state`` is the driver
+        rule's :meth:`DriverRule.join_state`, flat (None or empty where it has none).  By default each shard is
+        received as a broadcast; rules whose broadcasts are not models (outer gradients) override it."""
         for s, p in enumerate(pieces):
             self.receive(s, p, params)
 
@@ -268,6 +269,16 @@ class DriverRule:
         """Where a replacement agent starts (one vector per shard): the model the agents are pulled toward
         (default: the joint model)."""
         return self.joint_vectors()
+
+    def join_state(self) -> List[torch.Tensor]:
+        """What else of this rule a replacement's rule must hold to act as the agents already there (e.g. the
+        outer momentum that every agent applies with the driver): vectors sent after the join vectors, exact,
+        and handed to :meth:`AgentRule.joined` as one flat ``state``.  Default: nothing."""
+        return []
+
+    def join_payload(self) -> torch.Tensor:
+        """What a replacement is sent, exact: the join vectors (every shard, in order), then the join state."""
+        return torch.cat([v.reshape(-1) for v in self.join_vectors() + self.join_state()])
 
     def state_dict(self) -> Dict[str, Any]:
         return {"joint": [j.clone() for j in self.joint]}

@@ -55,12 +55,18 @@ class OuterDriver(DriverRule):
         mean = finish_reduction(partial, torch.zeros_like(self.joint[shard]))  # Δ̄ (0 when nobody contributed)
         if partial.total is not None and partial.weight > 0:
             self.workers = float(partial.weight)
-        new, self.momentum_bufs[shard] = nesterov_outer_step(self.joint[shard], mean, self.momentum_bufs[shard],
-                                                             self.lr, self.momentum)
+        new, buf = nesterov_outer_step(self.joint[shard], mean, self.momentum_bufs[shard], self.lr, self.momentum)
         with self.lock:
-            self.joint[shard] = new
+            self.joint[shard], self.momentum_bufs[shard] = new, buf
             self.versions[shard] += 1
         return mean
+
+    def join_state(self) -> List[torch.Tensor]:
+        """The outer momentum per shard (zeros before the first step: the same next step as none), so that a
+        replacement applies the next averages as the agents already there do.  Without it its copy θ would stay
+        apart from theirs and the driver's by lr μ b / (1 − μ) — many rounds of progress — for the rest of the run."""
+        with self.lock:
+            return [torch.zeros_like(j) if b is None else b.clone() for j, b in zip(self.joint, self.momentum_bufs)]
 
     def state_dict(self) -> Dict[str, Any]:
         return {**super().state_dict(), "momentum_bufs": list(self.momentum_bufs), "versions": list(self.versions)}
@@ -120,13 +126,20 @@ class OuterAgent(AgentRule):
         return torch.cat([p.reshape(-1).to(device=self.ctx.device, dtype=wire) for p in pieces])
 
     # -------------------------------------------------------------- seam
-    def joined(self, pieces: List[List[torch.Tensor]], params: Params) -> None:
-        """A replacement: θ is the joint model it was handed (which holds ``params["versions"]``), no momentum."""
+    def joined(self, pieces: List[List[torch.Tensor]], params: Params, state: Optional[torch.Tensor] = None) -> None:
+        """A replacement: θ is the joint model it was handed (which holds ``params["versions"]``), its outer
+        momentum the driver's (``state``: :meth:`OuterDriver.join_state`; none where it was not sent)."""
         versions = params.get("versions") or [None] * len(pieces)
+        sizes = [self.ctx.shards.layout.shard_numel(s) for s in range(len(pieces))]
+        bufs: List[Optional[torch.Tensor]] = [None] * len(pieces)
+        if state is not None and state.numel():
+            if state.numel() != sum(sizes):
+                raise ValueError(f"join state has {state.numel()} values, the outer momentum {sum(sizes)}")
+            bufs = list(torch.split(state.to(self.ctx.device), sizes))
         with self.cond:
             for s, p in enumerate(pieces):
                 self.theta[s] = self.flat(p)
-                self.momentum_bufs[s] = None
+                self.momentum_bufs[s] = None if bufs[s] is None else bufs[s].to(self.theta[s].dtype).clone()
                 self.have[s] = None if versions[s] is None else int(versions[s])
                 self.snapshots[s].clear()
             self.cond.notify_all()

@@ -10,7 +10,7 @@ toward the delay-compensated target), then the optimizer step.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -167,21 +167,25 @@ def mix_(local: Sequence[torch.Tensor], outer: Sequence[torch.Tensor], alpha: fl
         torch._foreach_lerp_(local, outer, alpha)
 
 
-def eager_outer_gradient(own: torch.Tensor, own_previous: Optional[torch.Tensor], mean_previous: Optional[torch.Tensor],
-                         workers: float) -> torch.Tensor:
+def eager_outer_gradient(own: torch.Tensor, own_term_before: Optional[torch.Tensor],
+                         mean_before: Optional[torch.Tensor], workers: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """The outer gradient an agent applies at the end of round r with eager updates (Kale, Douillard and Donchev
     2025): the round's average is not back yet, so the agent's own fresh outer gradient stands in for its term
     and the other M − 1 workers' terms come from round r − 1's average, which has arrived:
 
-        Δ̂ = Δ_r^own / M + (Δ̄_{r−1} − Δ_{r−1}^own / M)
+        Δ̂ = e_r + (Δ̄_{r−1} − e_{r−1}),   e_r = Δ_r^own / M
 
-    Summed over rounds this telescopes to the true averages of every finished round plus the agent's own
-    latest term.  In round 0 (no average yet) Δ̂ = Δ_0^own / M."""
+    where e_{r−1} is the term the agent added for itself a round earlier, exactly as it added it (the paper's
+    Δ_{r−1}^own / M with the same M).  Summed over rounds this telescopes to the averages applied plus the agent's
+    latest own term, also when M changes between rounds (a worker lost or joining) or Δ_{r−1} never reached
+    the average (its term is then taken back, as a worker that missed an all-reduce).  In round 0 (no average
+    yet) Δ̂ = e_0; after a join, with an average but no earlier term, Δ̂ = e_r + Δ̄.  Returns (Δ̂, e_r)."""
     if workers <= 0:
         raise ValueError(f"workers must be > 0, got {workers}")
-    out = own / workers
-    if mean_previous is not None:
-        out = out + mean_previous.to(own.dtype)
-        if own_previous is not None:
-            out = out - own_previous / workers
-    return out
+    term = own / workers
+    out = term
+    if mean_before is not None:
+        out = out + mean_before.to(own.dtype)
+        if own_term_before is not None:
+            out = out - own_term_before
+    return out, term

@@ -214,6 +214,15 @@ class ShardLayout:
     def total_numel(self) -> int:
         return sum(s.numel for s in self.specs)
 
+    def split_join(self, payload: torch.Tensor) -> Tuple[List[torch.Tensor], torch.Tensor]:
+        """A join's payload (:meth:`~mpca.algorithm.DriverRule.join_payload`) as one vector per shard and the
+        driver rule's join state after them (empty where it has none)."""
+        sizes = [self.shard_numel(s) for s in range(self.num_shards)]
+        if payload.dim() != 1 or payload.numel() < sum(sizes):
+            raise ValueError(f"join payload has {payload.numel()} values, the model {sum(sizes)}")
+        *shards, state = torch.split(payload, sizes + [payload.numel() - sum(sizes)])
+        return list(shards), state
+
     def bind(self, tensors: Sequence[torch.Tensor]) -> "BoundShards":
         tensors = list(tensors)
         if len(tensors) != len(self.specs):

@@ -95,9 +95,9 @@ class StreamingDiLoCoAgent(OuterAgent):
         if self._due(shard):
             self._apply(shard)
 
-    def joined(self, pieces, params: Params) -> None:
+    def joined(self, pieces, params: Params, state=None) -> None:
         """A replacement: also its sync schedule, from the fragment the driver asks next."""
-        super().joined(pieces, params)
+        super().joined(pieces, params, state)
         P = len(self.next_sync)
         first = (int(params.get("fragment", -1)) + 1) % P
         for k in range(P):

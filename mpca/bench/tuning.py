@@ -7,7 +7,7 @@ exchanges): with an exchange as costly as ``r`` training steps (the regime's com
 ratio), H = 5 r local steps, and its neighbours H / 2 and 2 H.  The same three periods are offered to every
 periodic method (sync's H, EASGD's τ, the H of DiLoCo, Streaming DiLoCo and delayed DiLoCo); EASGD also gets the
 paper's lower bound for τ, K r (§3.2: every agent's round trip through the parameter server in turn), the three
-DiLoCos their outer learning rate at 0.5 and 1.0 beside the paper's 0.7, Streaming DiLoCo also α = 1 with τ = 0
+DiLoCos their outer learning rate at 0.5 and 1.0 beside their default (the paper's 0.7; delayed DiLoCo's 0.35), Streaming DiLoCo also α = 1 with τ = 0
 and fragments cut by bytes (:data:`STREAMING_VARIANTS`), and MPCA its long-run elastic coefficient α at half and
 twice the default: 3 settings for mpca, 4 for EASGD, 5 for DiLoCo and delayed DiLoCo, 7 for Streaming
 DiLoCo.  Algorithms without a period (DDP, one agent)
@@ -34,7 +34,7 @@ def periods(ratio: float) -> List[int]:
     return sorted({max(1, round(h / 2)), h, 2 * h})
 
 
-DILOCO_OUTER_LRS = (0.5, 1.0)  # the outer learning rates tried besides the default 0.7 (every OUTER algorithm)
+DILOCO_OUTER_LRS = (0.5, 1.0)  # the outer learning rates tried besides the default (every OUTER algorithm)
 # Streaming DiLoCo's own axes, tried at the middle period besides its defaults (P = 3 strided fragments, τ = 1,
 # α = 0.5): the outer result taken whole with no overlap (α = 1, τ = 0: DiLoCo's merge, fragments kept), and
 # fragments cut by bytes (the teacher MLP's three layers hold 6%, 93% and 1% of its bytes)

@@ -387,13 +387,12 @@ class Agent:
                             "its weight carries over to the next one", self.id, c, shard)
                 self.rule.contribution_lost(shard, extra)
 
-    def _joint_pieces(self, payload: bytearray) -> List[List[torch.Tensor]]:
-        """A join's payload (the whole joint model, exact, in the layout's wire dtype) as pieces per shard."""
+    def _joint_pieces(self, payload: bytearray) -> Tuple[List[List[torch.Tensor]], torch.Tensor]:
+        """A join's payload (the whole joint model, exact, in the layout's wire dtype, then the driver rule's join
+        state) as pieces per shard and the state."""
         vec = torch.from_numpy(np.frombuffer(payload, dtype=_np_dtype(self.spec.layout.wire_dtype)))
-        sizes = [self.spec.layout.shard_numel(s) for s in range(self.spec.layout.num_shards)]
-        if vec.numel() != sum(sizes):
-            raise ValueError(f"join payload has {vec.numel()} values, the model {sum(sizes)}")
-        return [self.shards.split(s, part) for s, part in enumerate(torch.split(vec, sizes))]
+        shards, state = self.spec.layout.split_join(vec)
+        return [self.shards.split(s, part) for s, part in enumerate(shards)], state.to(self.device)
 
     def _join_service(self, rebuilt_other: bool) -> None:
         """A replacement of an agent-initiated algorithm (Spark retried its task), an elastic run's agent or one
@@ -401,20 +400,21 @@ class Agent:
         the parameter service's current model (the driver rule's join vectors, exact)."""
         _, payload = self.service.request(protocol.header(SERVICE_OPS, "join", agent=self.id, attempt=self.attempt,
                                                           rebuilt_other=rebuilt_other))
+        pieces, _ = self._joint_pieces(payload)  # its rule is not built yet: the service's rules keep no join state
         with torch.no_grad():
-            for s, p in enumerate(self._joint_pieces(payload)):
+            for s, p in enumerate(pieces):
                 torch._foreach_copy_(self.shards.views(s), p)
         log.info("agent %s (attempt %d) starts from the parameter service's current model", self.id, self.attempt)
 
     def _join(self, payload: bytearray, params: dict) -> None:
         """Start from the driver's joint model (every shard), with a fresh optimizer and fresh counters."""
-        pieces = self._joint_pieces(payload)
+        pieces, state = self._joint_pieces(payload)
         with self._served():
             with torch.no_grad():
                 for s, p in enumerate(pieces):
                     torch._foreach_copy_(self.shards.views(s), p)
                     self._anchor[s] = p
-                self.rule.joined(pieces, params)
+                self.rule.joined(pieces, params, state)
             self.optimizer = self.spec.optimizer_fn(self.model.parameters())
             self.rule.ctx.optimizer = self.optimizer
             self.rule.on_reset()

@@ -76,7 +76,7 @@ class DriverService:
         if not self.serves:
             raise ValueError(f"op {op!r}: this run's algorithm has no parameter service")
         if op == "join":  # a replacement agent: the model it starts from, exact
-            vec = torch.cat([v.reshape(-1) for v in self.rule.join_vectors()])
+            vec = self.rule.join_payload()
             data = np.ascontiguousarray(vec.numpy(), dtype=self.codec.dtype).tobytes()
             with self.cond:
                 self.bytes_out += len(data)

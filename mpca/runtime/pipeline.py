@@ -137,11 +137,12 @@ class ExchangePipeline:
         return result
 
     def join(self, rec: CycleRecord) -> None:
-        """Hand every replacement agent the joint model (the driver rule's join vectors, all shards) in a
-        control job; it starts training from there and contributes from its next yield on."""
+        """Hand every replacement agent the joint model (the driver rule's join payload: its join vectors, all
+        shards, and its join state) in a control job; it starts training from there and contributes from its next
+        yield on.  A join that failed is said and tried again after the next cycle."""
         if not self.roster.joining:
             return
-        bc = self.broadcasts.create(torch.cat([v.reshape(-1) for v in self.rule.join_vectors()]), exact=True)
+        bc = self.broadcasts.create(self.rule.join_payload(), exact=True)
         try:
             only = tuple(sorted(self.roster.joining))
             plan = self.jobs.plan(f"join{rec.cycle}", "join", cycle=rec.cycle, only_agents=only,
@@ -150,7 +151,9 @@ class ExchangePipeline:
                                 f"mpca: agents {list(only)} join the joint model")
         finally:
             self.broadcasts.destroy(bc)
-        rec.joined = sorted(a for a in res.delivered if a in self.roster.joining)
+        for a, error in sorted(res.errors().items()):
+            log.warning("agent %s could not join (tried again after the next cycle): %s", a, error)
+        rec.joined = sorted(a for a in res.delivered if a in self.roster.joining and not res.delivered[a].error)
         self.roster.joined(rec.joined, {a: res.delivered[a].pid for a in rec.joined})
         if rec.joined:
             log.info("agents %s started from the joint model of cycle %d", rec.joined, rec.cycle)

@@ -56,7 +56,8 @@ class AgentRun:
         self.run_id = uuid.uuid4().hex[:10]
         secret = secrets.token_bytes(32)
         model_bytes = sum(self.layout.shard_nbytes(s) for s in range(self.layout.num_shards))
-        max_payload = model_bytes + 4096
+        join_bytes = self.rule.join_payload().numel() * self.layout.wire_dtype.itemsize  # the model and join state
+        max_payload = max(model_bytes, join_bytes) + 4096  # the largest message on the channels
         host = settings.cluster.service_host or self.sc.getConf().get("spark.driver.host") or "127.0.0.1"
         self.codec = Codec.of(settings.wire.resolved(algo), settings.wire.block, self.layout.wire_dtype)
         self.service = None  # the parameter service; for the other algorithms only where executors may be decommissioned

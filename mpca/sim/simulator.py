@@ -243,16 +243,16 @@ class Simulator:
 
     def _join(self, agents: List[int], params: dict, t: float) -> None:
         """The runtime's join (``Agent._join``): a fresh process of each replacement takes every shard of the
-        driver rule's join vectors (exact), its rule hears of them (``joined``), a fresh optimizer, ``on_reset``; it steps
-        and contributes from then on."""
-        vectors = self.rule.join_vectors()
+        driver rule's join payload (exact), its rule hears of them and of the join state (``joined``), a fresh
+        optimizer, ``on_reset``; it steps and contributes from then on."""
+        vectors, state = self.layout.split_join(self.rule.join_payload())
         for a in agents:
             ag = self.agents[a] = self._new_agent(a)
             with torch.no_grad():
                 pieces = [ag.shards.split(s, vec.detach().clone()) for s, vec in enumerate(vectors)]
                 for s, p in enumerate(pieces):
                     torch._foreach_copy_(ag.shards.views(s), p)
-            ag.rule.joined(pieces, params)
+            ag.rule.joined(pieces, params, state.clone())
             ag.rule.on_reset()
             self.presence.joined([a])
             self._later(t, a, self._step)

@@ -10,17 +10,9 @@ from tests import helpers
 pytestmark = pytest.mark.cluster()
 
 
-# delayed_diloco: a known, unfixed bug. Its replacement joins and trains, but the run sometimes ends with the joint
-# model damaged (2026-11-29, a fresh-clone CI run: final error 0.221, holdout loss 2.55, above the initial model's;
-# it passed in the two other runs of that day, and failed once before). Kept running, reported as xfail/xpass,
-# never counted as a pass, until the delayed outer step's handling of a replacement is fixed.
-DELAYED_JOIN_BUG = pytest.mark.xfail(strict=False, reason="delayed_diloco's joint model is sometimes damaged after "
-                                     "a replacement joins (final error 0.22, loss above the initial model's)")
-
-
 @pytest.mark.parametrize("algorithm", [{"name": "sync", "every": 10}, {"name": "diloco", "every": 10},
                                        {"name": "streaming_diloco", "every": 12, "fragment_layout": "bytes"},
-                                       pytest.param({"name": "delayed_diloco", "every": 10}, marks=DELAYED_JOIN_BUG)],
+                                       {"name": "delayed_diloco", "every": 10}],
                          ids=["sync", "diloco", "streaming_diloco", "delayed_diloco"])
 def test_rounds_go_on_with_the_survivor_and_the_replacement_joins_the_current_round(spark, tmp_path, algorithm):
     go = tmp_path / "cycles-under-way"  # the kill comes once a cycle has been evaluated, never at start-up

@@ -203,14 +203,13 @@ def test_delayed_diloco_replays_the_eager_updates_by_hand(spark):
                            max_cycles=6)
     rounds = len(fit.timeline.cycles)
     targets = [helpers.agent_target(a) for a in (0, 1)]
-    theta, bufs, previous = [torch.zeros(30, dtype=torch.float64) for _ in range(2)], [None, None], [None, None]
+    theta, bufs, terms = [torch.zeros(30, dtype=torch.float64) for _ in range(2)], [None, None], [None, None]
     joint, joint_buf, mean = torch.zeros(30, dtype=torch.float64), None, None
     for _ in range(rounds):
         own = [theta[a] - targets[a] for a in (0, 1)]
         for a in (0, 1):
-            grad = eager_outer_gradient(own[a], previous[a], mean, 2.0)
+            grad, terms[a] = eager_outer_gradient(own[a], terms[a], mean, 2.0)
             theta[a], bufs[a] = nesterov_outer_step(theta[a], grad, bufs[a], 0.7, 0.9)
-        previous = own
         mean = (own[0] + own[1]) / 2
         joint, joint_buf = nesterov_outer_step(joint, mean, joint_buf, 0.7, 0.9)
     assert torch.allclose(fit.model.w.detach(), joint, rtol=0, atol=1e-9)

@@ -185,9 +185,72 @@ def test_the_driver_takes_the_outer_step_and_broadcasts_the_average_with_its_ver
 
 # --------------------------------------------------------------------------- eager updates
 def test_the_eager_outer_gradient_by_hand():
-    assert torch.equal(eager_outer_gradient(T(2.0), None, None, 2.0), T(1.0))  # round 0: Δ_0 / M
-    # Δ_r / M + Δ̄_{r−1} − Δ_{r−1} / M = 1 + 3 − 0.5
-    assert torch.equal(eager_outer_gradient(T(2.0), T(1.0), T(3.0), 2.0), T(3.5))
+    grad, term = eager_outer_gradient(T(2.0), None, None, 2.0)  # round 0: Δ_0 / M
+    assert torch.equal(grad, T(1.0)) and torch.equal(term, T(1.0))
+    # Δ_r / M + Δ̄_{r−1} − e_{r−1} = 1 + 3 − 0.5 (e_{r−1} = Δ_{r−1} / M = 1 / 2)
+    grad, term = eager_outer_gradient(T(2.0), T(0.5), T(3.0), 2.0)
+    assert torch.equal(grad, T(3.5)) and torch.equal(term, T(1.0))
+    # after a join: an average but no earlier term of its own
+    assert torch.equal(eager_outer_gradient(T(2.0), None, T(3.0), 2.0)[0], T(4.0))
+
+
+def test_the_eager_sum_stays_exact_when_the_number_of_workers_changes():
+    """lr 1, no momentum: θ_a = θ₀ − (Σ applied averages + its latest own term e_r), whatever M did.  A worker is
+    lost after round 1 (M: 2 → 1) and the survivor's round-1 term must be taken back as it was added (Δ_1 / 2),
+    not as Δ_1 / 1: the paper's Δ_{r−1} / M with the new M would leave Δ_1 / 2 in θ for good."""
+    a = _agent(DelayedDiLoCoAgent, every=1, eager=True)
+    a.lr, a.momentum = 1.0, 0.0
+    a.theta[0] = T(0.0, 0.0)
+
+    def end_round(t):
+        with torch.no_grad():
+            a.ctx.model.weight.fill_(t)
+        a.after_step()
+
+    end_round(4.0)  # Δ_0 = −4, e_0 = −2 (M = ctx.agents = 2): θ = 2
+    assert torch.equal(a.theta[0], T(2.0, 2.0))
+    own0 = a.contribution(0, {})[0]
+    end_round(6.0)  # Δ_1 = 2 − 6 = −4, e_1 = −2; it waits for Δ̄_0
+    a.receive(0, [(own0 + T(-6.0, -6.0)) / 2], {"versions": [1], "workers": 2.0})  # Δ̄_0 = −5
+    assert torch.equal(a.theta[0], T(7.0, 7.0))  # Δ̂ = −2 − 5 + 2 = −5; θ₀ − (Δ̄_0 + e_1) = 0 − (−5 − 2)
+    a.contribution(0, {})
+    end_round(10.0)  # Δ_2 = 7 − 10 = −3; round 1's average holds the survivor alone: Δ̄_1 = Δ_1 = −4, M = 1
+    a.receive(0, [T(-4.0, -4.0)], {"versions": [2], "workers": 1.0})
+    # Δ̂ = −3 / 1 + (−4) − (−2) = −5 → θ = 12 = θ₀ − (Δ̄_0 + Δ̄_1 + e_2) = 0 − (−5 − 4 − 3); the paper's form with
+    # the new M would take back −4 / 1 and leave θ at 10
+    assert torch.equal(a.theta[0], T(12.0, 12.0))
+
+
+def test_a_replacement_takes_the_drivers_outer_momentum_and_then_moves_as_the_agents_already_there():
+    """The driver takes three outer steps (momentum 0.9); a replacement joins with its join payload; then both it
+    and an agent that was there all along apply the same next averages (the outer step of Streaming DiLoCo and
+    delayed DiLoCo alike, :class:`~mpca.algorithm.outer.OuterAgent`).  Their θ must be equal, bit for bit, and
+    equal to the driver's joint model: without the momentum the replacement's θ stays lr μ b / (1 − μ) apart."""
+    driver = OuterDriver([T(0.0, 0.0)], agents=2, lr=0.7, momentum=0.9)
+    old = _agent(every=4, overlap=0, mix=1.0)  # one fragment: an average is applied as it arrives
+    old.theta[0] = T(0.0, 0.0)
+    means = [T(1.0, -2.0), T(0.5, 0.5), T(-1.0, 3.0), T(2.0, 1.0), T(0.25, -0.5)]
+    for c, m in enumerate(means[:3]):
+        driver.on_reduced(c, 0, WeightedSum(m * 2, 2.0))
+        old.receive(0, [m], {"versions": [c + 1]})
+    assert torch.equal(old.theta[0], driver.joint[0])
+    vectors, state = old.ctx.shards.layout.split_join(driver.join_payload())
+    assert torch.equal(vectors[0], driver.joint[0]) and torch.equal(state, driver.momentum_bufs[0])
+    new = _agent(every=4, overlap=0, mix=1.0)
+    new.joined([[vectors[0].reshape(1, 2)]], driver.cycle_params(3), state)
+    assert torch.equal(new.theta[0], driver.joint[0])
+    for c, m in enumerate(means[3:], start=3):
+        driver.on_reduced(c, 0, WeightedSum(m * 2, 2.0))
+        for a in (old, new):
+            a.receive(0, [m], {"versions": [c + 1]})
+    assert torch.equal(new.theta[0], old.theta[0]) and torch.equal(new.theta[0], driver.joint[0])
+    unsent = _agent(every=4, overlap=0, mix=1.0)  # the same join without the driver's momentum
+    unsent.joined([[vectors[0].reshape(1, 2)]], {"versions": [3], "fragment": 0})
+    for m in means[3:]:
+        unsent.receive(0, [m], {"versions": [5]} if m is means[-1] else {"versions": [4]})
+    assert not torch.allclose(unsent.theta[0], driver.joint[0], atol=0.1)
+    fresh = OuterDriver([T(0.0, 0.0)], agents=2, lr=0.7, momentum=0.9)  # before its first step: zeros, the same
+    assert torch.equal(fresh.join_payload(), T(0.0, 0.0, 0.0, 0.0))
 
 
 def test_two_eager_agents_take_their_own_outer_gradient_at_once_and_the_average_a_round_late():
