@@ -102,10 +102,20 @@ def _start_loading(spec: AgentSpec, features: str, label: str, batches):
 _PY_ERROR = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)(?::.*)?)$")
 
 
+_GAVE_UP = re.compile(r"Task (\d+) in stage \S+ failed (\d+) times")
+
+
 def executor_cause(message: str) -> str:
     """The last Python exception line of an executor traceback inside a Spark error message, with Spark's
-    own first line (which task failed how often) when there is no Python traceback."""
+    own first line (which task failed how often) when there is no Python traceback; when Spark gave up on an
+    agent's task after its executor was lost ``spark.task.maxFailures`` times, that and the fix."""
     lines = message.splitlines()
+    gave_up = _GAVE_UP.search(message)
+    if gave_up and "ExecutorLostFailure" in message:
+        agent, times = gave_up.groups()
+        return (f"agent {agent}'s executor was lost {times} times and Spark gave up on the agents' job "
+                f"(spark.task.maxFailures = {times}); set cluster.conf spark.task.maxFailures higher to outlast "
+                "more losses of one agent")
     causes = [m.group(1).strip() for line in lines if (m := _PY_ERROR.match(line))]
     causes = [c for c in causes if not c.startswith(("org.apache", "py4j", "java."))]
     if causes:

@@ -9,6 +9,7 @@ core, hence the paper's rule of 2 cores per agent (§5.1).
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from typing import Dict, Optional, Tuple
 from mpca.errors import ClusterTooSmallError, UserError
 from mpca.local_cluster import parse_local_cluster
 
+log = logging.getLogger("mpca.cluster")
 AGENT_SLOT = "agentslot"
 _SCRIPT_DIR: Optional[str] = None
 
@@ -64,6 +66,13 @@ echo "{{\\"name\\":\\"{name}\\",\\"addresses\\":[$addrs]}}"
     return path
 
 
+# An agent is one long-lived Spark task: every loss of its executor (kill -9, OOM, a preempted node) is one failure of
+# that task, and at spark.task.maxFailures (Spark's default: 4) Spark aborts the agents' job — every agent with it.
+# lab.campaign found it: the 4th kill of one agent's executor ended an 8-minute run.  mpca's own sessions allow this
+# many; a session that mpca did not create keeps its own setting (AgentRun warns when it is low).
+AGENT_TASK_MAX_FAILURES = 100
+
+
 def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app_name: str = "mpca",
                   fake_gpus_per_executor: int = 0, conf: Optional[Dict[str, str]] = None,
                   agents_per_executor: int = 1, gpus_per_executor: int = 0):
@@ -74,7 +83,8 @@ def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app
     ``fake_gpus_per_executor`` each executor also gets that many fake GPUs with addresses distinct across
     executors.  ``gpus_per_executor`` gives each executor that many of this host's real GPUs (CUDA's visible
     devices), handed out in turn and shared by the executors when there are fewer GPUs than executors × GPUs:
-    one agent per executor GPU then trains on it.
+    one agent per executor GPU then trains on it.  ``spark.task.maxFailures`` is
+    :data:`AGENT_TASK_MAX_FAILURES` unless ``conf`` sets it.
     """
     from pyspark.sql import SparkSession
 
@@ -112,7 +122,7 @@ def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app
         for level in ("worker", "executor"):
             b = b.config(f"spark.{level}.resource.gpu.amount", str(per))
             b = b.config(f"spark.{level}.resource.gpu.discoveryScript", gpu)
-    conf = dict(conf or {})
+    conf = {"spark.task.maxFailures": str(AGENT_TASK_MAX_FAILURES), **(conf or {})}
     java_opts = conf.pop("spark.driver.extraJavaOptions", "")
     if "log4j2.configurationFile" not in java_opts:  # ours: no warnings caused by our own settings
         log_conf = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
@@ -123,6 +133,16 @@ def local_session(executors: int = 2, cores: int = 2, memory_mb: int = 1024, app
     spark = b.getOrCreate()
     watch_driver_jvm(spark)
     return spark
+
+
+def warn_low_task_retries(sc) -> None:
+    """Say so when the session lets an agent's task fail fewer than ``AGENT_TASK_MAX_FAILURES`` times: the
+    agents' job, and the run, would end at that many losses of one agent's executor."""
+    allowed = int(sc.getConf().get("spark.task.maxFailures", "4"))
+    if allowed < AGENT_TASK_MAX_FAILURES:
+        log.warning("spark.task.maxFailures is %d: the run ends when one agent's executor is lost %d times; set it "
+                    "higher (e.g. %d) when the session is created to outlast more", allowed, allowed,
+                    AGENT_TASK_MAX_FAILURES)
 
 
 def session_for(cluster, app_name: str, conf: Optional[Dict[str, str]] = None) -> Tuple[object, bool]:

@@ -166,6 +166,7 @@ def _exchange(plan: ExchangePlan, bcast, t_start: float) -> ExchangeRecord:
         return rec
     entry = AgentReport.from_dict(info)
     entry.t_start = t_start
+    silent = False
     try:
         if plan.op in ("deliver", "join"):
             _deliver(plan, ch, bcast, entry)
@@ -179,12 +180,18 @@ def _exchange(plan: ExchangePlan, bcast, t_start: float) -> ExchangeRecord:
             header, payload = ch.request(protocol.header(AGENT_OPS, "holdout", **(plan.params or {})),
                                          timeout=plan.timeout_s)
             rec.rows[entry.agent] = (header, bytes(payload))
+    except (TimeoutError, ConnectionError):  # it stopped answering mid-request (its process stopped, or lost)
+        silent = True
     except Exception as e:  # reported to the driver, which fails the run with this message
         entry.error = f"{plan.op} failed on executor {placement.executor_id()}: {e!r}"
     finally:
         ch.close()
     entry.t_end = time.time()
     entry.exchange_cpu_s = time.thread_time() - cpu0  # this task's Python CPU (not the JVM's download)
+    if silent:  # as an agent that never answered: the cycle goes on without it (lab.campaign found a stop mid-
+        if plan.op == "cycle" and entry.t_yield is not None:  # request failing the run); its shard went up, only
+            rec.agents[entry.agent] = entry  # the hand-off failed: counted, not delivered
+        return rec
     if plan.op in ("deliver", "cycle", "join") and bcast is not None:
         rec.delivered[entry.agent] = entry
     if plan.op not in ("deliver", "join"):

@@ -47,6 +47,7 @@ class AgentRun:
         algo, training = settings.algorithm, settings.training
         self.sc = spark.sparkContext
         self.shape, use_gpus = cluster.agents_fit(self.sc, settings)
+        cluster.warn_low_task_retries(self.sc)
         self.agents = training.agents
         self.layout = algo.shard_layout(model)
         self.bound = self.layout.bind_module(model, algo.buffers)
