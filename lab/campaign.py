@@ -44,6 +44,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from pyspark import cloudpickle
 from torch import nn
 
+from lab.faults import executor_of
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import lab/
 KINDS = ("kill", "stop", "nan")
 
@@ -135,16 +137,6 @@ def announced(model_fn: Callable, directory: str) -> Callable:
 def _ppid(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def executor_of(pid: int) -> Optional[int]:
-    """The executor JVM above an agent's Python process (worker ← pyspark.daemon ← JVM), or None."""
-    for _ in range(4):
-        pid = _ppid(pid)
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"CoarseGrainedExecutorBackend" in f.read():
-                return pid
-    return None
 
 
 def process_figures(pid: int) -> Optional[Dict[str, float]]:

@@ -71,16 +71,23 @@ def _first(marker: str) -> bool:
     return True
 
 
-def executor_jvm_pid() -> int:
-    """The executor JVM above this Python worker (worker ← pyspark.daemon ← JVM)."""
-    pid = os.getpid()
+def executor_of(pid: int) -> Optional[int]:
+    """The executor JVM above an agent's Python process ``pid`` (worker ← pyspark.daemon ← JVM), or None."""
     for _ in range(4):
         with open(f"/proc/{pid}/stat") as f:
             pid = int(f.read().rsplit(")", 1)[1].split()[1])
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             if b"CoarseGrainedExecutorBackend" in f.read():
                 return pid
-    raise RuntimeError("no executor JVM above this process")
+    return None
+
+
+def executor_jvm_pid() -> int:
+    """The executor JVM above this Python worker."""
+    pid = executor_of(os.getpid())
+    if pid is None:
+        raise RuntimeError("no executor JVM above this process")
+    return pid
 
 
 def _build(model_fn: Callable, fault: str, marker: str, at_call: int, hang_s: float,

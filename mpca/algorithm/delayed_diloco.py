@@ -109,8 +109,8 @@ class DelayedDiLoCo(Algorithm):
     eager: bool = Field(True, description="eager updates (the agent's fresh outer gradient stands in for its "
                         "term of the late average) or the naive one-round delay")
     outer_lr: float = Field(0.35, gt=0.0, description="the outer step's learning rate: half DiLoCo's 0.7, because "
-                            "each agent's own fresh outer gradient also passes through the outer momentum (with 0.7 "
-                            "the simulated ≈ 12 regime at K = 4 never reached 24% error; with 0.35 it did at 47 s)")
+                            "each agent's own fresh outer gradient also passes through the outer momentum (measured: "
+                            "docs/results/2026-11-29-rivals.md)")
     outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)
 
     def agent_factory(self):

@@ -392,7 +392,7 @@ class Agent:
         state) as pieces per shard and the state."""
         vec = torch.from_numpy(np.frombuffer(payload, dtype=_np_dtype(self.spec.layout.wire_dtype)))
         shards, state = self.spec.layout.split_join(vec)
-        return [self.shards.split(s, part) for s, part in enumerate(shards)], state.to(self.device)
+        return [self.shards.split(s, part) for s, part in enumerate(shards)], state  # the rule places it
 
     def _join_service(self, rebuilt_other: bool) -> None:
         """A replacement of an agent-initiated algorithm (Spark retried its task), an elastic run's agent or one

@@ -252,7 +252,7 @@ class Simulator:
                 pieces = [ag.shards.split(s, vec.detach().clone()) for s, vec in enumerate(vectors)]
                 for s, p in enumerate(pieces):
                     torch._foreach_copy_(ag.shards.views(s), p)
-            ag.rule.joined(pieces, params, state.clone())
+            ag.rule.joined(pieces, params, state)  # a rule copies what it keeps
             ag.rule.on_reset()
             self.presence.joined([a])
             self._later(t, a, self._step)
