@@ -1,26 +1,35 @@
 """A fault campaign: one long run with faults injected again and again on a seeded schedule, and what each cost.
 
-    python -m lab.campaign [-c conf/digits.yaml] [--algorithm mpca] [--minutes 10] [--faults kill,stop,nan]
-                           [--gap-s 6:14] [--stop-s 6:15] [--seed 0] [--reference] [--json OUT] [overrides…]
+    python -m lab.campaign [-c conf/digits.yaml] [--algorithm mpca] [--minutes 10]
+                           [--faults kill:4,stop:4,nan:4,corrupt:4,driver:1] [--gap-s 6:14] [--stop-s 6:15]
+                           [--seed 0] [--reference] [--json OUT] [overrides…]
 
-Unlike :mod:`lab.faults` (one fault per run, fired from inside agent 1), the faults come from outside the agents,
-at times drawn from ``--seed`` (:func:`schedule`), on whichever agent the draw names:
+Unlike :mod:`lab.faults` (one fault per run, fired from inside agent 1), the faults come from outside, at times
+drawn from ``--seed`` (:func:`schedule`; ``KIND:WEIGHT`` makes a kind that much likelier), on whichever agent the
+draw names:
 
 * ``kill``: SIGKILL of the agent's executor JVM (a replacement task starts on a new executor and joins);
 * ``stop``: SIGSTOP of the agent's process for ``--stop-s`` seconds (longer than the bounded wait), then SIGCONT;
-* ``nan``: the agent's next forward pass returns NaN (its loss is non-finite; it resets to the joint model).
+* ``nan``: the agent's next forward pass returns NaN (its loss is non-finite; it resets to the joint model);
+* ``corrupt``: one broken connection to the agent's channel, a variant of :mod:`lab.bad_frames` drawn from the
+  seed (junk or a stall without the secret; with it a truncated, malformed, oversized, wrong-sized or NaN frame);
+* ``driver``: SIGKILL of the driver (its Python process and its JVM at once, as when its host dies); the campaign
+  starts it again at once, as a job scheduler would, and it resumes from the newest checkpoint.
 
-Each agent's process announces itself (its pid, in a scratch directory) when its model is built, so the campaign
-signals the current process of the agent it drew, a replacement included.  A fault is *recovered* when a cycle
-submitted after it counted the agent's contribution again (weight > 0); the table gives per kind the faults
-injected, recovered, and the median and longest time to recovery.  Meanwhile a sampler records the driver's and
-every agent's resident memory, open file descriptors and threads, and the checkpoint directory's entries, every
-``--sample-s``: the table gives first, last and peak, so a leak per fault shows.  ``--reference`` runs the same
-length without faults first and compares the final holdout errors.
+The driver runs as its own process (:mod:`lab.campaign_driver`, one *incarnation* per start) so that it can be
+killed; its agents announce their processes (their pids, in the incarnation's directory) when their models are
+built, so the campaign signals the current process of the agent it drew, a replacement included.  A fault is
+*recovered* when a cycle submitted after it counted the agent's contribution again (weight > 0) — for ``driver``,
+when the resumed driver's first cycle ended.  The table gives per kind the faults injected, recovered, and the
+median and longest time to recovery.  Meanwhile a sampler records the driver's (Python and JVM) and every agent's
+resident memory, open file descriptors and threads, the checkpoint directory's entries and the executor and
+Python worker processes on this machine (an orphan of a killed driver would show there), every ``--sample-s``:
+the table gives first, last and peak, so a leak per fault shows.  ``--reference`` runs the same length without
+faults first and compares the final holdout errors.
 
 What it does not do yet (issue "A hundred faults in one run"): link cuts (needs the emulated cluster's network
-namespaces), driver kill -9 with resume, corrupt messages on a channel, decommissioning; the emulated cluster.
-It runs on ``local-cluster`` (all processes on this machine, where the campaign can signal them).
+namespaces), decommissioning, Spark's broadcast blocks; the emulated cluster.  It runs on ``local-cluster`` (all
+processes on this machine, where the campaign can signal them).
 
 The model_fn wrapper runs on executors, which cannot import ``lab``: this module is pickled by value.
 """
@@ -34,61 +43,84 @@ import os
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from pyspark import cloudpickle
 from torch import nn
 
+from lab import bad_frames
 from lab.faults import executor_of
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import lab/
-KINDS = ("kill", "stop", "nan")
+KINDS = ("kill", "stop", "nan", "corrupt", "driver")
+DRIVER = -1  # the agent field of a driver fault
 
 
 @dataclass
 class Fault:
     t: float  # seconds after the campaign's start
     kind: str
-    agent: int
+    agent: int  # DRIVER for a driver fault
     hold_s: float = 0.0  # stop: how long the process stays stopped
+    variant: str = ""  # corrupt: which broken message (lab.bad_frames.VARIANTS)
     injected_at: Optional[float] = None  # wall time it was injected (None: the agent had no process then)
     pid: Optional[int] = None
+    incarnation: Optional[int] = None  # the driver's incarnation it hit
+    outcome: Optional[str] = None  # corrupt: what the agent did with the message
     recovered_s: Optional[float] = None  # from injection to the end of the first cycle counting the agent again
 
 
-def schedule(seed: int, duration_s: float, kinds: Sequence[str], agents: int, gap_s: Tuple[float, float],
-             stop_s: Tuple[float, float], start_s: float = 10.0) -> List[Fault]:
+def parse_kinds(text: str) -> Dict[str, float]:
+    """``"kill:4,stop,driver:0.5"`` → {kind: weight} (weight 1 where none is given)."""
+    out = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, weight = item.partition(":")
+        out[kind] = float(weight) if weight else 1.0
+    return out
+
+
+def schedule(seed: int, duration_s: float, kinds: Union[Sequence[str], Mapping[str, float]], agents: int,
+             gap_s: Tuple[float, float], stop_s: Tuple[float, float], start_s: float = 10.0) -> List[Fault]:
     """Faults from ``start_s`` to ``duration_s`` (exclusive), the gaps between them uniform in ``gap_s``, each of a
-    kind and on an agent drawn uniformly, a stop held for a time uniform in ``stop_s``; the same seed, the same
-    schedule."""
-    unknown = sorted(set(kinds) - set(KINDS))
-    if unknown or not kinds:
-        raise ValueError(f"unknown fault kind(s) {unknown}; choose from {', '.join(KINDS)}")
+    kind drawn with ``kinds``' weights (a list: equal weights), on an agent drawn uniformly (none for ``driver``),
+    a stop held for a time uniform in ``stop_s``, a corrupt message of a variant drawn uniformly; the same seed,
+    the same schedule."""
+    weights = dict(kinds) if isinstance(kinds, Mapping) else {k: 1.0 for k in kinds}
+    unknown = sorted(set(weights) - set(KINDS))
+    if unknown or not weights or min(weights.values()) <= 0:
+        raise ValueError(f"unknown fault kind(s) {unknown} or a weight ≤ 0; choose from {', '.join(KINDS)}")
     if not 0 < gap_s[0] <= gap_s[1] or not 0 <= stop_s[0] <= stop_s[1]:
         raise ValueError(f"gaps {gap_s} and stop times {stop_s} must be ordered, gaps positive")
     rng = random.Random(seed)
+    names = list(weights)
     out, t = [], start_s
     while True:
         t += rng.uniform(*gap_s)
         if t >= duration_s:
             return out
-        kind, agent = rng.choice(list(kinds)), rng.randrange(agents)
-        out.append(Fault(round(t, 3), kind, agent, round(rng.uniform(*stop_s), 3) if kind == "stop" else 0.0))
+        kind = rng.choices(names, [weights[n] for n in names])[0]
+        agent = DRIVER if kind == "driver" else rng.randrange(agents)
+        hold = round(rng.uniform(*stop_s), 3) if kind == "stop" else 0.0
+        variant = rng.choice(bad_frames.VARIANTS) if kind == "corrupt" else ""
+        out.append(Fault(round(t, 3), kind, agent, hold, variant))
 
 
 def recovered_after(fault: Fault, cycles: Sequence[dict]) -> Optional[float]:
     """Seconds from ``fault``'s injection to the end of the first cycle submitted after it that counted the
-    agent's contribution (weight > 0); None if none did (or it was never injected).  ``cycles``: the timeline's
-    rows (``t_submit``, ``t_end``, ``weight``: {agent: weight}), in order."""
+    agent's contribution (weight > 0) — for a driver fault, that any agent's counted: the resumed driver's first
+    useful cycle; None if none did (or it was never injected).  ``cycles``: the rows of the drivers' cycles
+    (``t_submit``, ``t_end``, ``weight``: {agent: weight}), in order."""
     if fault.injected_at is None:
         return None
     for c in cycles:
-        w = (c.get("weight") or {}).get(fault.agent)
+        weights = c.get("weight") or {}
+        w = max(weights.values(), default=None) if fault.agent == DRIVER else weights.get(fault.agent)
         if c["t_submit"] >= fault.injected_at and w is not None and w > 0:
             return c["t_end"] - fault.injected_at
     return None
@@ -133,10 +165,15 @@ def announced(model_fn: Callable, directory: str) -> Callable:
     return functools.partial(_build, model_fn, directory)
 
 
-# --------------------------------------------------------------------------- on the driver's machine
+# --------------------------------------------------------------------------- on the campaign's machine
 def _ppid(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
 
 
 def process_figures(pid: int) -> Optional[Dict[str, float]]:
@@ -150,33 +187,51 @@ def process_figures(pid: int) -> Optional[Dict[str, float]]:
         return None
 
 
-def driver_jvm() -> Optional[int]:
-    """This process's child JVM (the Spark driver's), or None."""
-    me = os.getpid()
+def _processes():
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
-                if _ppid(int(p)) == me:
-                    with open(f"/proc/{p}/cmdline", "rb") as f:
-                        if b"java" in f.read():
-                            return int(p)
+                yield int(p), _ppid(int(p)), _cmdline(int(p))
             except (FileNotFoundError, ProcessLookupError, IndexError):
                 continue
-    return None
+
+
+def driver_jvm(driver: int) -> Optional[int]:
+    """The JVM child of the driver process ``driver`` (the Spark driver's), or None."""
+    return next((pid for pid, parent, cmd in _processes() if parent == driver and b"java" in cmd), None)
+
+
+def spark_processes() -> Dict[str, int]:
+    """Executor JVMs and PySpark daemon / worker processes on this machine (a killed driver's orphans count)."""
+    executors = workers = 0
+    for _, _, cmd in _processes():
+        executors += b"CoarseGrainedExecutorBackend" in cmd
+        workers += b"pyspark.daemon" in cmd or b"pyspark/daemon" in cmd
+    return {"executor_jvms": executors, "pyspark_workers": workers}
 
 
 @dataclass
 class Campaign:
-    directory: str  # where the agents announce themselves
+    """Injects ``faults`` into the driver and agents of the current incarnation and samples their resources; the
+    drivers' files are under ``directory`` (:mod:`lab.campaign_driver`)."""
+
+    directory: str
     faults: List[Fault]
-    checkpoint_dir: str
     sample_s: float = 2.0
     samples: List[dict] = field(default_factory=list)
     stopped: threading.Event = field(default_factory=threading.Event)
+    incarnation: int = 0
+    driver: Optional[subprocess.Popen] = None
+    killed: set = field(default_factory=set)  # incarnations whose driver the campaign killed
+
+    def here(self, *parts: str) -> str:
+        return os.path.join(self.directory, f"inc-{self.incarnation}", *parts)
 
     def agent_pid(self, agent: int) -> Optional[int]:
+        if self.incarnation in self.killed:  # the driver is down: its agents are on their way out
+            return None
         try:
-            with open(os.path.join(self.directory, f"agent-{agent}")) as f:
+            with open(self.here("agents", f"agent-{agent}")) as f:
                 pid = int(f.read())
             os.kill(pid, 0)
             return pid
@@ -184,23 +239,52 @@ class Campaign:
             return None
 
     def inject(self, fault: Fault) -> None:
-        pid = self.agent_pid(fault.agent)
-        if pid is None:  # no process of that agent now (a replacement not up yet): not injected, said so
-            return
-        fault.pid = pid
-        if fault.kind == "kill":
-            jvm = executor_of(pid)
-            if jvm is None:
+        fault.incarnation = self.incarnation
+        if fault.kind == "driver":
+            proc = self.driver
+            if proc is None or proc.poll() is not None or self.incarnation in self.killed:
                 return
-            os.kill(jvm, signal.SIGKILL)
-        elif fault.kind == "stop":
-            os.kill(pid, signal.SIGSTOP)
-            threading.Timer(fault.hold_s, lambda: _cont(pid)).start()
-        elif fault.kind == "nan":
-            open(os.path.join(self.directory, f"nan-{fault.agent}"), "w").close()
+            jvm = driver_jvm(proc.pid)
+            self.killed.add(self.incarnation)
+            for pid in (proc.pid, jvm):  # the driver's host is gone: both at once, no shutdown hook runs
+                if pid:
+                    _signal(pid, signal.SIGKILL)
+            fault.pid = proc.pid
+        else:
+            pid = self.agent_pid(fault.agent)
+            if pid is None:  # no process of that agent now (a replacement not up yet): not injected, said so
+                return
+            fault.pid = pid
+            if fault.kind == "kill":
+                jvm = executor_of(pid)
+                if jvm is None:
+                    return
+                _signal(jvm, signal.SIGKILL)
+            elif fault.kind == "stop":
+                _signal(pid, signal.SIGSTOP)
+                threading.Timer(fault.hold_s, lambda: _signal(pid, signal.SIGCONT)).start()
+            elif fault.kind == "nan":
+                open(self.here("agents", f"nan-{fault.agent}"), "w").close()
+            elif fault.kind == "corrupt":
+                try:
+                    with open(self.here("run.json")) as f:
+                        run = json.load(f)
+                except (FileNotFoundError, ValueError):
+                    return
+                path = os.path.join(f"/proc/{pid}/cwd", f"mpca-{run['run_id']}-agent-{fault.agent}.sock")
+                threading.Thread(target=self._corrupt, args=(fault, path, run), daemon=True).start()
         fault.injected_at = time.time()
-        print(f"[campaign] {fault.kind} agent {fault.agent} (pid {pid})" +
-              (f" for {fault.hold_s:.1f}s" if fault.kind == "stop" else ""), flush=True)
+        print(f"[campaign] {fault.kind} " + ("driver" if fault.agent == DRIVER else f"agent {fault.agent}") +
+              f" (pid {fault.pid}, incarnation {fault.incarnation})" +
+              (f" for {fault.hold_s:.1f}s" if fault.kind == "stop" else "") +
+              (f": {fault.variant}" if fault.variant else ""), flush=True)
+
+    @staticmethod
+    def _corrupt(fault: Fault, path: str, run: dict) -> None:
+        try:
+            fault.outcome = bad_frames.send(fault.variant, path, bytes.fromhex(run["secret"]), run["shard0_bytes"])
+        except (OSError, ConnectionError) as e:  # the agent went away meanwhile, or its socket did
+            fault.outcome = f"not delivered: {e!r}"
 
     def run_faults(self, t0: float) -> None:
         for fault in self.faults:
@@ -209,23 +293,83 @@ class Campaign:
             self.inject(fault)
 
     def sample(self, t0: float, agents: int) -> None:
-        jvm = driver_jvm()
+        jvm: Dict[int, Optional[int]] = {}
         while not self.stopped.wait(self.sample_s):
-            row = {"t": time.time() - t0, "driver": process_figures(os.getpid()),
-                   "driver_jvm": process_figures(jvm) if jvm else None,
-                   "checkpoint_entries": len(os.listdir(self.checkpoint_dir)) if os.path.isdir(self.checkpoint_dir)
-                   else 0}
+            proc = self.driver
+            if proc is not None and proc.pid not in jvm:
+                jvm[proc.pid] = driver_jvm(proc.pid)
+            checkpoints = os.path.join(self.directory, "checkpoints")
+            row = {"t": time.time() - t0, "incarnation": self.incarnation,
+                   "driver": process_figures(proc.pid) if proc else None,
+                   "driver_jvm": process_figures(jvm[proc.pid]) if proc and jvm.get(proc.pid) else None,
+                   "checkpoint_entries": len(os.listdir(checkpoints)) if os.path.isdir(checkpoints) else 0,
+                   **spark_processes()}
             for a in range(agents):
                 pid = self.agent_pid(a)
                 row[f"agent{a}"] = process_figures(pid) if pid else None
             self.samples.append(row)
 
+    def drive(self, command: Callable[[int], List[str]], cwd: str) -> dict:
+        """Start the driver (``command(incarnation)``), and again each time the campaign killed it, until one
+        ends by itself: its final figures, or why the run failed."""
+        while True:
+            log_path = os.path.join(self.directory, f"driver-{self.incarnation}.log")
+            with open(log_path, "w") as log:
+                self.driver = subprocess.Popen(command(self.incarnation), stdout=log, stderr=subprocess.STDOUT,
+                                               cwd=cwd)
+                try:
+                    rc = self.driver.wait()
+                except BaseException:  # the campaign itself interrupted: its driver must not outlive it
+                    self.driver.terminate()
+                    self.driver.wait(60)
+                    raise
+            final = os.path.join(self.directory, f"final-{self.incarnation}.json")
+            if os.path.exists(final):
+                with open(final) as f:
+                    return json.load(f)
+            if self.incarnation not in self.killed:
+                with open(log_path) as f:
+                    tail = f.read()[-2000:]
+                return {"run_failed": f"driver incarnation {self.incarnation} exited with {rc}: {tail}"}
+            self.incarnation += 1
+            print(f"[campaign] driver incarnation {self.incarnation} starts (resumes from the newest checkpoint)",
+                  flush=True)
 
-def _cont(pid: int) -> None:
+
+def _signal(pid: int, sig: int) -> None:
     try:
-        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def read_cycles(directory: str) -> List[dict]:
+    """The drivers' cycle rows (``cycles.jsonl``), the agents' weights keyed by int, in order of submission."""
+    path = os.path.join(directory, "cycles.jsonl")
+    if not os.path.exists(path):
+        return []
+    rows = []
+    with open(path) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:  # a killed driver's last line, cut short (the next one starts a new line)
+                continue
+            row["weight"] = {int(a): w for a, w in row["weight"].items()}
+            rows.append(row)
+    return sorted(rows, key=lambda r: r["t_submit"])
+
+
+def redone(fault: Fault, cycles: Sequence[dict]) -> Optional[int]:
+    """For a driver fault: the cycles the resumed driver ran again — the last cycle any driver ended before the
+    kill, + 1, − the first cycle of the next driver that ran one (what was done after the newest checkpoint);
+    None if none followed."""
+    before = [c["cycle"] for c in cycles if c["t_end"] <= fault.injected_at]
+    after = [c for c in cycles if c["t_submit"] >= fault.injected_at]
+    if not after:
+        return None
+    first = min(c["cycle"] for c in after if c["inc"] == after[0]["inc"])
+    return (max(before) + 1 if before else 0) - first
 
 
 def summary(faults: Sequence[Fault]) -> List[dict]:
@@ -241,19 +385,23 @@ def summary(faults: Sequence[Fault]) -> List[dict]:
 
 
 def resource_table(samples: Sequence[dict]) -> List[dict]:
-    """Per process (driver, driver JVM, each agent) and figure: first, last and peak over the run."""
+    """Per process (driver, driver JVM, each agent) and figure: first, last and peak over the run; the
+    checkpoint directory's entries and the Spark processes on the machine likewise."""
     rows = []
-    keys = [k for k in (samples[0] if samples else {}) if k not in ("t", "checkpoint_entries")]
+    counts = ("checkpoint_entries", "executor_jvms", "pyspark_workers")
+    keys = [k for k in (samples[0] if samples else {}) if k not in ("t", "incarnation") + counts]
     for key in keys:
         for fig in ("rss_mb", "fds", "threads"):
             values = [s[key][fig] for s in samples if s.get(key)]
             if values:
                 rows.append({"process": key, "figure": fig, "first": values[0], "last": values[-1],
                              "peak": max(values)})
-    entries = [s["checkpoint_entries"] for s in samples]
-    if entries:
-        rows.append({"process": "checkpoint dir", "figure": "entries", "first": entries[0], "last": entries[-1],
-                     "peak": max(entries)})
+    for key in counts:
+        values = [s[key] for s in samples if key in s]
+        if values:
+            rows.append({"process": "checkpoint dir" if key == "checkpoint_entries" else "machine",
+                         "figure": "entries" if key == "checkpoint_entries" else key, "first": values[0],
+                         "last": values[-1], "peak": max(values)})
     return rows
 
 
@@ -267,7 +415,8 @@ def main(argv=None) -> int:
     ap.add_argument("-c", "--config", action="append", default=[])
     ap.add_argument("--algorithm", default="mpca")
     ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--faults", default=",".join(KINDS))
+    ap.add_argument("--faults", default="kill:4,stop:4,nan:4,corrupt:4,driver:1",
+                    help="the kinds, KIND[:WEIGHT],… (" + ", ".join(KINDS) + ")")
     ap.add_argument("--gap-s", default="6:14", help="seconds between faults, LO:HI (uniform)")
     ap.add_argument("--stop-s", default="6:15", help="how long a stopped agent stays stopped, LO:HI")
     ap.add_argument("--sample-s", type=float, default=2.0)
@@ -276,86 +425,98 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    from mpca.config import load_config, settings_from
-    from mpca.data.sources import job_dataframe
-    from mpca.errors import RunFailedError
-    from mpca.models import training_functions
-    from mpca.runtime.cluster import session_for
-    from mpca.trainer import Trainer
+    from mpca.config import load_config
 
-    cfg = load_config(args.config or ["conf/digits.yaml"], args.overrides)
-    algorithm = cfg.algorithm if args.algorithm == cfg.algorithm.name else {"name": args.algorithm}
+    cfg = load_config(args.config or ["conf/digits.yaml"], args.overrides)  # a bad config: said here, not later
+    agents = cfg.training.agents
     duration = 60.0 * args.minutes
-    spark, _ = session_for(cfg.cluster, cfg.run.name)
-    scratch = tempfile.TemporaryDirectory(prefix="mpca-campaign-")
-    out = {"algorithm": args.algorithm, "seed": args.seed, "minutes": args.minutes}
-    try:
-        def fit(tag: str, model_fn: Callable):
-            _, loss_fn, optimizer_fn = training_functions(cfg.model, cfg.optimizer)
-            settings = settings_from(cfg, algorithm=algorithm,
-                                     cluster={**cfg.cluster.model_dump(), "master": "existing"},
-                                     stop={"max_seconds": duration, "target_error": None, "max_cycles": None},
-                                     progress="off", eval={"every_cycles": None, "every_seconds": 5.0},
-                                     training={**cfg.training.model_dump(), "timeline_window": 100000},
-                                     checkpoint={"dir": os.path.join(scratch.name, f"checkpoints-{tag}")})
-            return Trainer(model_fn, loss_fn, optimizer_fn, settings, spark=spark).fit(job_dataframe(spark, cfg.data))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = {"algorithm": args.algorithm, "seed": args.seed, "minutes": args.minutes, "faults_weights": args.faults}
 
-        model_fn = training_functions(cfg.model, cfg.optimizer)[0]
+    def command(directory: str, deadline: float, announce: bool) -> Callable[[int], List[str]]:
+        return lambda inc: ([sys.executable, "-m", "lab.campaign_driver", "--dir", directory, "--incarnation",
+                             str(inc), "--deadline", repr(deadline), "--algorithm", args.algorithm] +
+                            [x for c in args.config for x in ("-c", os.path.abspath(c))] +
+                            ([] if announce else ["--no-announce"]) + args.overrides)
+
+    with tempfile.TemporaryDirectory(prefix="mpca-campaign-") as scratch:
         if args.reference:
-            ref = fit("reference", model_fn)
-            out["reference_final_error"] = ref.final.error
-            print(f"[campaign] reference (no faults): final error {ref.final.error:.4f}", flush=True)
-        directory = os.path.join(scratch.name, "agents")
+            directory = os.path.join(scratch, "reference")
+            os.makedirs(directory)
+            ref = Campaign(directory, []).drive(command(directory, time.time() + duration, False), repo)
+            if "run_failed" in ref:
+                print(f"[campaign] the reference run failed: {ref['run_failed']}", flush=True)
+                return 1
+            out["reference_final_error"] = ref["final_error"]
+            print(f"[campaign] reference (no faults): final error {ref['final_error']:.4f}", flush=True)
+        directory = os.path.join(scratch, "faults")
         os.makedirs(directory)
-        faults = schedule(args.seed, duration, args.faults.split(","), cfg.training.agents, _span(args.gap_s),
+        faults = schedule(args.seed, duration, parse_kinds(args.faults), agents, _span(args.gap_s),
                           _span(args.stop_s))
-        campaign = Campaign(directory, faults, os.path.join(scratch.name, "checkpoints-faults"), args.sample_s)
+        campaign = Campaign(directory, faults, args.sample_s)
         t0 = time.time()
         threads = [threading.Thread(target=campaign.run_faults, args=(t0,), daemon=True),
-                   threading.Thread(target=campaign.sample, args=(t0, cfg.training.agents), daemon=True)]
+                   threading.Thread(target=campaign.sample, args=(t0, agents), daemon=True)]
         for th in threads:
             th.start()
         try:
-            result = fit("faults", announced(model_fn, directory))
-        except RunFailedError as e:  # what the campaign found: the faults up to then, and why the run ended
-            injected = [asdict(f) for f in faults if f.injected_at is not None]
-            print(f"[campaign] the run failed after {len(injected)} faults "
-                  f"({time.time() - t0:.0f} s): {e}", flush=True)
-            out.update(run_failed=str(e), faults=injected)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(out, f, indent=1, default=str)
-            return 1
+            final = campaign.drive(command(directory, t0 + duration, True), repo)
         finally:
             campaign.stopped.set()
             for th in threads:
                 th.join(5)
-        cycles = result.timeline.to_pandas().to_dict("records")
+        cycles = read_cycles(directory)
         for f in faults:
             f.recovered_s = recovered_after(f, cycles)
-        out.update(final_error=result.final.error, cycles=len(cycles), faults=[asdict(f) for f in faults],
-                   summary=summary(faults), resources=resource_table(campaign.samples), samples=campaign.samples)
-    finally:
-        spark.stop()
-        scratch.cleanup()
+            if f.kind == "driver" and f.injected_at is not None:
+                n = redone(f, cycles)
+                f.outcome = None if n is None else f"{n} cycles run again"
+        out.update(faults=[asdict(f) for f in faults], incarnations=campaign.incarnation + 1, cycles=len(cycles))
+        if "run_failed" in final:
+            injected = sum(f.injected_at is not None for f in faults)
+            print(f"[campaign] the run failed after {injected} faults ({time.time() - t0:.0f} s): "
+                  f"{final['run_failed']}", flush=True)
+            out.update(run_failed=final["run_failed"])
+            _write(args.json, out)
+            return 1
+        out.update(final_error=final["final_error"], summary=summary(faults),
+                   outcomes=outcome_table(faults), resources=resource_table(campaign.samples),
+                   samples=campaign.samples)
     print(report(out))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=str)
+    _write(args.json, out)
     return 0
 
 
+def outcome_table(faults: Sequence[Fault]) -> List[dict]:
+    """Per corrupt variant (and for the driver kills): how often, and what came of it."""
+    rows: Dict[Tuple[str, str], int] = {}
+    for f in faults:
+        if f.injected_at is not None and f.kind in ("corrupt", "driver"):
+            key = (f.variant or f.kind, f.outcome or "?")
+            rows[key] = rows.get(key, 0) + 1
+    return [{"fault": k, "outcome": o, "count": n} for (k, o), n in sorted(rows.items())]
+
+
+def _write(path: Optional[str], out: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+
+
 def report(out: dict) -> str:
-    lines = [f"{out['algorithm']}: {out['cycles']} cycles in {out['minutes']:g} min, seed {out['seed']}; final "
-             f"holdout error {out['final_error']:.4f}" +
+    lines = [f"{out['algorithm']}: {out['cycles']} cycles in {out['minutes']:g} min, {out['incarnations']} driver "
+             f"incarnation(s), seed {out['seed']}; final holdout error {out['final_error']:.4f}" +
              (f" (no faults: {out['reference_final_error']:.4f})" if "reference_final_error" in out else ""),
-             f"{'fault':<6} {'scheduled':>9} {'injected':>8} {'recovered':>9} {'median s':>9} {'longest s':>9}"]
+             f"{'fault':<8} {'scheduled':>9} {'injected':>8} {'recovered':>9} {'median s':>9} {'longest s':>9}"]
     for r in out["summary"]:
-        lines.append(f"{r['kind']:<6} {r['scheduled']:>9} {r['injected']:>8} {r['recovered']:>9} "
+        lines.append(f"{r['kind']:<8} {r['scheduled']:>9} {r['injected']:>8} {r['recovered']:>9} "
                      f"{r['median_s']:>9.1f} {r['max_s']:>9.1f}")
-    lines.append(f"{'process':<15} {'figure':<8} {'first':>8} {'last':>8} {'peak':>8}")
+    lines.append(f"{'fault':<12} {'count':>5}  outcome")
+    for r in out["outcomes"]:
+        lines.append(f"{r['fault']:<12} {r['count']:>5}  {r['outcome'][:90]}")
+    lines.append(f"{'process':<15} {'figure':<15} {'first':>8} {'last':>8} {'peak':>8}")
     for r in out["resources"]:
-        lines.append(f"{r['process']:<15} {r['figure']:<8} {r['first']:>8.1f} {r['last']:>8.1f} {r['peak']:>8.1f}")
+        lines.append(f"{r['process']:<15} {r['figure']:<15} {r['first']:>8.1f} {r['last']:>8.1f} {r['peak']:>8.1f}")
     return "\n".join(lines)
 
 

@@ -459,6 +459,8 @@ class Agent:
         if op == "deliver":
             s = self._shard(header)
             vec = torch.from_numpy(self.codec.decode(payload, self.spec.layout.shard_numel(s)))
+            if not bool(torch.isfinite(vec).all()):  # the driver broadcasts finite joint models only
+                raise ValueError(f"shard {s} holds non-finite values (corrupted on the way): not taken")
             pieces = self.shards.split(s, vec)  # conversion and host→device copy outside the lock
             with self._served():
                 if cycle is not None:

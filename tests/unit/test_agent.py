@@ -225,6 +225,22 @@ def test_an_older_delivery_is_ignored():
     assert torch.allclose(a.shards.read(0), new)
 
 
+def test_a_delivered_shard_that_is_not_finite_is_refused_and_changes_nothing():
+    """The driver broadcasts finite joint models only: a shard with NaN or Inf was corrupted on the way; taking it
+    would make the agent's pull target (and its reset anchor) NaN."""
+    a = _agent()
+    n = a.spec.layout.shard_numel(0)
+    good, bad = torch.full((n,), 2.0), torch.full((n,), 2.0)
+    bad[1] = float("inf")
+    a.handle({"op": "deliver", "shard": 0, "cycle": 1, "params": {"alpha": 1.0}}, bytearray(good.numpy().tobytes()))
+    with pytest.raises(ValueError, match="non-finite"):  # the channel server answers it as an error
+        a.handle({"op": "deliver", "shard": 0, "cycle": 2, "params": {"alpha": 1.0}}, bytearray(bad.numpy().tobytes()))
+    _stepped(a, 1)  # α = 1: onto the last good target
+    assert torch.allclose(a.shards.read(0), good)
+    assert a.handle({"op": "deliver", "shard": 0, "cycle": 2, "params": {"alpha": 1.0}},
+                    bytearray(good.numpy().tobytes()))[0] == {"ok": True}  # cycle 2 was not taken: not stale
+
+
 def test_a_replacement_contributes_nothing_until_it_starts_from_the_joint_model():
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),

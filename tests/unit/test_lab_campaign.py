@@ -1,10 +1,17 @@
-"""lab.campaign's rules, without Spark: the seeded schedule, when a fault counts as recovered, the summary."""
+"""lab.campaign's rules, without Spark: the seeded schedule, when a fault counts as recovered, the summary; and
+lab.bad_frames' broken messages against a real channel server (a thread, no process)."""
+import json
 import math
+import os
 import random
+import threading
 
 import pytest
 
-from lab.campaign import Fault, recovered_after, resource_table, schedule, summary
+from lab import bad_frames
+from lab.campaign_driver import appended
+from lab.campaign import (DRIVER, Fault, parse_kinds, read_cycles, recovered_after, redone, resource_table,
+                          schedule, summary)
 
 
 def test_the_schedule_is_the_seeds_gaps_kinds_agents_and_holds():
@@ -15,7 +22,7 @@ def test_the_schedule_is_the_seeds_gaps_kinds_agents_and_holds():
         t += rng.uniform(5.0, 9.0)
         if t >= 60.0:
             break
-        kind, agent = rng.choice(["kill", "stop"]), rng.randrange(3)
+        kind, agent = rng.choices(["kill", "stop"], [1.0, 1.0])[0], rng.randrange(3)
         expected.append((round(t, 3), kind, agent, round(rng.uniform(6.0, 8.0), 3) if kind == "stop" else 0.0))
     assert [(f.t, f.kind, f.agent, f.hold_s) for f in faults] == expected
     assert 5 <= len(faults) <= 10  # 50 s of gaps of 5–9 s
@@ -26,6 +33,20 @@ def test_the_schedule_is_the_seeds_gaps_kinds_agents_and_holds():
         schedule(0, 60.0, ["unplug"], 2, (5.0, 9.0), (6.0, 8.0))
     with pytest.raises(ValueError, match="ordered"):
         schedule(0, 60.0, ["kill"], 2, (9.0, 5.0), (6.0, 8.0))
+    with pytest.raises(ValueError, match="weight"):
+        schedule(0, 60.0, {"kill": 0.0}, 2, (5.0, 9.0), (6.0, 8.0))
+
+
+def test_weights_make_a_kind_likelier_driver_faults_name_no_agent_and_corrupt_ones_a_variant():
+    assert parse_kinds("kill:4,stop, driver:0.5") == {"kill": 4.0, "stop": 1.0, "driver": 0.5}
+    faults = schedule(3, 4000.0, {"kill": 9.0, "driver": 1.0, "corrupt": 2.0}, 4, (1.0, 1.0), (0.0, 0.0))
+    count = {k: sum(f.kind == k for f in faults) for k in ("kill", "driver", "corrupt")}
+    assert sum(count.values()) == len(faults) == 3989  # one a second from 11 s to 3,999 s
+    assert 0.70 < count["kill"] / len(faults) < 0.80 and 0.05 < count["driver"] / len(faults) < 0.12
+    assert all(f.agent == DRIVER for f in faults if f.kind == "driver")
+    assert all(0 <= f.agent < 4 for f in faults if f.kind != "driver")
+    assert {f.variant for f in faults if f.kind == "corrupt"} == set(bad_frames.VARIANTS)
+    assert all(f.variant == "" for f in faults if f.kind != "corrupt")
 
 
 def test_a_fault_is_recovered_at_the_end_of_the_first_cycle_submitted_after_it_that_counts_the_agent():
@@ -38,6 +59,27 @@ def test_a_fault_is_recovered_at_the_end_of_the_first_cycle_submitted_after_it_t
     assert recovered_after(Fault(0.0, "kill", 0, injected_at=101.2), cycles) == pytest.approx(104.0 - 101.2)
     assert recovered_after(Fault(0.0, "kill", 1), cycles) is None  # never injected
     assert recovered_after(Fault(0.0, "kill", 1, injected_at=106.0), cycles) is None  # no cycle after it
+    # the driver: the resumed driver's first cycle that counted any agent (the joining cycle counted none)
+    resumed = [{"t_submit": 130.0, "t_end": 131.0, "weight": {0: 0.0, 1: 0.0}},
+               {"t_submit": 131.5, "t_end": 132.5, "weight": {0: 0.0, 1: 2.0}}]
+    assert recovered_after(Fault(0.0, "driver", DRIVER, injected_at=110.0), cycles + resumed) == pytest.approx(22.5)
+
+
+def test_cycles_are_read_back_without_a_killed_drivers_cut_line_and_the_cycles_run_again_counted(tmp_path):
+    rows = [{"inc": 0, "cycle": c, "t_submit": 10.0 + c, "t_end": 10.5 + c, "weight": {"0": 1.0}} for c in range(7)]
+    rows += [{"inc": 1, "cycle": c, "t_submit": 40.0 + c, "t_end": 40.5 + c, "weight": {"1": 2.0}} for c in (5, 6, 7)]
+    (tmp_path / "cycles.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:7]) + '{"inc": 0, "cyc')
+    with appended(str(tmp_path / "cycles.jsonl")) as f:  # the next incarnation, after the kill cut its line
+        f.write("".join(json.dumps(r) + "\n" for r in rows[7:]))
+    cycles = read_cycles(str(tmp_path))
+    assert [(c["inc"], c["cycle"]) for c in cycles] == [(0, c) for c in range(7)] + [(1, 5), (1, 6), (1, 7)]
+    assert cycles[0]["weight"] == {0: 1.0} and cycles[-1]["weight"] == {1: 2.0}  # agents keyed by int again
+    # killed after cycle 6 ended; the newest checkpoint held 5 cycles: cycles 5 and 6 ran again
+    assert redone(Fault(0.0, "driver", DRIVER, injected_at=17.0, incarnation=0), cycles) == 2
+    # a driver killed while it started (no cycle of its own): counted from the last cycle any driver ended
+    assert redone(Fault(0.0, "driver", DRIVER, injected_at=30.0, incarnation=7), cycles) == 2
+    assert redone(Fault(0.0, "driver", DRIVER, injected_at=48.0, incarnation=1), cycles) is None  # none followed
+    assert read_cycles(str(tmp_path / "nothing")) == []
 
 
 def test_the_summary_counts_per_kind_and_the_resources_give_first_last_and_peak():
@@ -60,3 +102,62 @@ def test_the_summary_counts_per_kind_and_the_resources_give_first_last_and_peak(
     assert table[("driver", "threads")] == (5, 6, 6)
     assert table[("agent0", "fds")] == (3, 3, 3)  # only the samples where its process was there
     assert table[("checkpoint dir", "entries")] == (0, 1, 2)
+    spark = [{"t": t, "incarnation": 0, "driver": None, "checkpoint_entries": 0, "executor_jvms": n,
+              "pyspark_workers": 2 * n} for t, n in ((0, 2), (2, 4), (4, 2))]
+    table = {(r["process"], r["figure"]): (r["first"], r["last"], r["peak"]) for r in resource_table(spark)}
+    assert table[("machine", "executor_jvms")] == (2, 2, 4) and table[("machine", "pyspark_workers")] == (4, 4, 8)
+    assert not any(p == "incarnation" for p, _ in table)
+
+
+@pytest.fixture
+def agent_socket(tmp_path):
+    """A real :class:`~mpca.runtime.agent_server.ChannelServer` on a Unix socket, answering ``deliver`` of shard 0
+    as the agent does (the wire's length check, a refusal of what is not finite), in a thread."""
+    import numpy as np
+
+    from mpca.algorithm.wire import Codec
+    from mpca.runtime.agent_server import ChannelServer
+    from mpca.runtime.channel import Channel, listen
+
+    secret, codec, taken = os.urandom(32), Codec.of("fp32", 256, "float32"), []
+
+    def handle(header, payload):
+        if header.get("op") != "deliver":
+            raise ValueError("unknown op")
+        vec = codec.decode(payload, 16)
+        if not np.isfinite(vec).all():
+            raise ValueError("a shard that is not finite")
+        taken.append(vec)
+        return {"ok": True}, None
+
+    path = str(tmp_path / "agent.sock")
+    stop = threading.Event()
+    server = ChannelServer("agent 0", secret, 1 << 20, handle, stop.is_set)
+    thread = threading.Thread(target=server.serve, args=(listen(path),), daemon=True)
+    thread.start()
+
+    def good() -> dict:
+        ch = Channel.connect(path, secret)
+        try:
+            return ch.request({"op": "deliver", "shard": 0}, np.ones(16, np.float32).tobytes(), timeout=5)[0]
+        finally:
+            ch.close()
+
+    yield path, secret, good, taken
+    stop.set()
+    thread.join(5)
+
+
+@pytest.mark.parametrize("variant,outcome", [("junk", "closed"), ("truncated", "closed"), ("malformed", "closed"),
+                                             ("oversized", "closed"), ("wrong_size", "error: "),
+                                             ("nonfinite", "error: ")])
+def test_each_broken_message_is_refused_and_the_agent_still_serves(agent_socket, variant, outcome):
+    path, secret, good, taken = agent_socket
+    got = bad_frames.send(variant, path, None if variant == "junk" else secret, shard_bytes=64, timeout=5)
+    assert got.startswith(outcome), got
+    assert taken == []  # nothing of it reached the agent's model
+    assert good() == {"ok": True} and len(taken) == 1  # and the next honest request is served
+    with pytest.raises(ValueError, match="secret"):
+        bad_frames.send("malformed", path, None)
+    with pytest.raises(ValueError, match="unknown variant"):
+        bad_frames.send("bitflip", path, secret)
