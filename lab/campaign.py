@@ -36,6 +36,7 @@ The model_fn wrapper runs on executors, which cannot import ``lab``: this module
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -49,7 +50,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from pyspark import cloudpickle
 from torch import nn
@@ -58,7 +59,7 @@ from lab import bad_frames
 from lab.faults import executor_of
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import lab/
-KINDS = ("kill", "stop", "nan", "corrupt", "driver")
+KINDS = ("kill", "stop", "nan", "corrupt", "driver", "cut")
 DRIVER = -1  # the agent field of a driver fault
 
 
@@ -67,12 +68,12 @@ class Fault:
     t: float  # seconds after the campaign's start
     kind: str
     agent: int  # DRIVER for a driver fault
-    hold_s: float = 0.0  # stop: how long the process stays stopped
+    hold_s: float = 0.0  # stop: how long the process stays stopped; cut: how long the link stays down
     variant: str = ""  # corrupt: which broken message (lab.bad_frames.VARIANTS)
     injected_at: Optional[float] = None  # wall time it was injected (None: the agent had no process then)
     pid: Optional[int] = None
     incarnation: Optional[int] = None  # the driver's incarnation it hit
-    outcome: Optional[str] = None  # corrupt: what the agent did with the message
+    outcome: Optional[str] = None  # corrupt: what the agent did with the message; cut: the host cut
     recovered_s: Optional[float] = None  # from injection to the end of the first cycle counting the agent again
 
 
@@ -86,17 +87,18 @@ def parse_kinds(text: str) -> Dict[str, float]:
 
 
 def schedule(seed: int, duration_s: float, kinds: Union[Sequence[str], Mapping[str, float]], agents: int,
-             gap_s: Tuple[float, float], stop_s: Tuple[float, float], start_s: float = 10.0) -> List[Fault]:
+             gap_s: Tuple[float, float], stop_s: Tuple[float, float], start_s: float = 10.0,
+             cut_s: Tuple[float, float] = (5.0, 60.0)) -> List[Fault]:
     """Faults from ``start_s`` to ``duration_s`` (exclusive), the gaps between them uniform in ``gap_s``, each of a
     kind drawn with ``kinds``' weights (a list: equal weights), on an agent drawn uniformly (none for ``driver``),
-    a stop held for a time uniform in ``stop_s``, a corrupt message of a variant drawn uniformly; the same seed,
-    the same schedule."""
+    a stop held for a time uniform in ``stop_s``, a link cut for one uniform in ``cut_s``, a corrupt message of a
+    variant drawn uniformly; the same seed, the same schedule."""
     weights = dict(kinds) if isinstance(kinds, Mapping) else {k: 1.0 for k in kinds}
     unknown = sorted(set(weights) - set(KINDS))
     if unknown or not weights or min(weights.values()) <= 0:
         raise ValueError(f"unknown fault kind(s) {unknown} or a weight ≤ 0; choose from {', '.join(KINDS)}")
-    if not 0 < gap_s[0] <= gap_s[1] or not 0 <= stop_s[0] <= stop_s[1]:
-        raise ValueError(f"gaps {gap_s} and stop times {stop_s} must be ordered, gaps positive")
+    if not 0 < gap_s[0] <= gap_s[1] or not 0 <= stop_s[0] <= stop_s[1] or not 0 <= cut_s[0] <= cut_s[1]:
+        raise ValueError(f"gaps {gap_s}, stop times {stop_s} and cut times {cut_s} must be ordered, gaps positive")
     rng = random.Random(seed)
     names = list(weights)
     out, t = [], start_s
@@ -106,7 +108,7 @@ def schedule(seed: int, duration_s: float, kinds: Union[Sequence[str], Mapping[s
             return out
         kind = rng.choices(names, [weights[n] for n in names])[0]
         agent = DRIVER if kind == "driver" else rng.randrange(agents)
-        hold = round(rng.uniform(*stop_s), 3) if kind == "stop" else 0.0
+        hold = round(rng.uniform(*{"stop": stop_s, "cut": cut_s}[kind]), 3) if kind in ("stop", "cut") else 0.0
         variant = rng.choice(bad_frames.VARIANTS) if kind == "corrupt" else ""
         out.append(Fault(round(t, 3), kind, agent, hold, variant))
 
@@ -223,6 +225,8 @@ class Campaign:
     incarnation: int = 0
     driver: Optional[subprocess.Popen] = None
     killed: set = field(default_factory=set)  # incarnations whose driver the campaign killed
+    cluster: Any = None  # the emulated cluster (lab.netcluster.NetCluster) the drivers run in; None: this host
+    cut_until: Dict[str, float] = field(default_factory=dict)  # host -> when its (latest) cut ends
 
     def here(self, *parts: str) -> str:
         return os.path.join(self.directory, f"inc-{self.incarnation}", *parts)
@@ -265,6 +269,14 @@ class Campaign:
                 threading.Timer(fault.hold_s, lambda: _signal(pid, signal.SIGCONT)).start()
             elif fault.kind == "nan":
                 open(self.here("agents", f"nan-{fault.agent}"), "w").close()
+            elif fault.kind == "cut":
+                host = self.cluster.host_of(pid) if self.cluster is not None else None
+                if host is None or host == "driver":
+                    return
+                self.cut_until[host] = max(self.cut_until.get(host, 0.0), time.time() + fault.hold_s)
+                self.cluster.set_link(host, False)
+                fault.outcome = host
+                threading.Timer(fault.hold_s, self._restore, args=(host,)).start()
             elif fault.kind == "corrupt":
                 try:
                     with open(self.here("run.json")) as f:
@@ -276,8 +288,17 @@ class Campaign:
         fault.injected_at = time.time()
         print(f"[campaign] {fault.kind} " + ("driver" if fault.agent == DRIVER else f"agent {fault.agent}") +
               f" (pid {fault.pid}, incarnation {fault.incarnation})" +
-              (f" for {fault.hold_s:.1f}s" if fault.kind == "stop" else "") +
+              (f" for {fault.hold_s:.1f}s" if fault.kind in ("stop", "cut") else "") +
               (f": {fault.variant}" if fault.variant else ""), flush=True)
+
+    def _restore(self, host: str) -> None:
+        """The link of ``host`` up again, unless a later cut of it still runs."""
+        if time.time() >= self.cut_until.get(host, 0.0) - 0.05 and not self.stopped.is_set():
+            self.cluster.set_link(host, True)
+
+    def restore_links(self) -> None:
+        for host in list(self.cut_until):
+            self.cluster.set_link(host, True)
 
     @staticmethod
     def _corrupt(fault: Fault, path: str, run: dict) -> None:
@@ -296,7 +317,7 @@ class Campaign:
         jvm: Dict[int, Optional[int]] = {}
         while not self.stopped.wait(self.sample_s):
             proc = self.driver
-            if proc is not None and proc.pid not in jvm:
+            if proc is not None and jvm.get(proc.pid) is None:  # until its JVM is up
                 jvm[proc.pid] = driver_jvm(proc.pid)
             checkpoints = os.path.join(self.directory, "checkpoints")
             row = {"t": time.time() - t0, "incarnation": self.incarnation,
@@ -315,8 +336,9 @@ class Campaign:
         while True:
             log_path = os.path.join(self.directory, f"driver-{self.incarnation}.log")
             with open(log_path, "w") as log:
-                self.driver = subprocess.Popen(command(self.incarnation), stdout=log, stderr=subprocess.STDOUT,
-                                               cwd=cwd)
+                argv, out = command(self.incarnation), dict(stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
+                self.driver = (subprocess.Popen(argv, **out) if self.cluster is None else  # on the driver's host
+                               self.cluster.popen_in("driver", argv, env=self.cluster.command_env(), **out))
                 try:
                     rc = self.driver.wait()
                 except BaseException:  # the campaign itself interrupted: its driver must not outlive it
@@ -419,6 +441,9 @@ def main(argv=None) -> int:
                     help="the kinds, KIND[:WEIGHT],… (" + ", ".join(KINDS) + ")")
     ap.add_argument("--gap-s", default="6:14", help="seconds between faults, LO:HI (uniform)")
     ap.add_argument("--stop-s", default="6:15", help="how long a stopped agent stays stopped, LO:HI")
+    ap.add_argument("--cut-s", default="5:60", help="how long a cut link stays down, LO:HI")
+    ap.add_argument("--link", default=None, help="run on an emulated cluster (lab.netcluster; root) with this "
+                    "link rate per host, e.g. 1gbit: the cut fault needs it")
     ap.add_argument("--sample-s", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reference", action="store_true", help="first a run of the same length without faults")
@@ -427,9 +452,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from mpca.config import load_config
 
-    cfg = load_config(args.config or ["conf/digits.yaml"], args.overrides)  # a bad config: said here, not later
+    cfg = load_config(args.config or ["conf/digits.yaml"],  # a bad config: said here, not in the driver's log
+                      [f"algorithm.name={args.algorithm}"] + args.overrides)
     agents = cfg.training.agents
     duration = 60.0 * args.minutes
+    kinds = parse_kinds(args.faults)
+    if "cut" in kinds and args.link is None:
+        print("error: the cut fault needs an emulated cluster: give --link (e.g. --link 1gbit)", file=sys.stderr)
+        return 2
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = {"algorithm": args.algorithm, "seed": args.seed, "minutes": args.minutes, "faults_weights": args.faults}
 
@@ -439,11 +469,23 @@ def main(argv=None) -> int:
                             [x for c in args.config for x in ("-c", os.path.abspath(c))] +
                             ([] if announce else ["--no-announce"]) + args.overrides)
 
-    with tempfile.TemporaryDirectory(prefix="mpca-campaign-") as scratch:
+    with contextlib.ExitStack() as stack:
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="mpca-campaign-"))
+        cluster = None
+        if args.link is not None:  # the drivers on its driver host, one worker host per agent
+            from lab.netcluster import NetCluster
+            from mpca.local_cluster import LocalCluster, parse_local_cluster
+
+            local = parse_local_cluster(cfg.cluster.master) or LocalCluster(agents, 2, 1024)
+            cluster = stack.enter_context(NetCluster(workers=agents, link=args.link, cores=local.cores,
+                                                     memory_mb=local.memory_mb))
+            out["cluster"] = cluster.describe()
+            print(f"[campaign] {cluster.describe()}", flush=True)
         if args.reference:
             directory = os.path.join(scratch, "reference")
             os.makedirs(directory)
-            ref = Campaign(directory, []).drive(command(directory, time.time() + duration, False), repo)
+            ref = Campaign(directory, [], cluster=cluster).drive(command(directory, time.time() + duration, False),
+                                                                 repo)
             if "run_failed" in ref:
                 print(f"[campaign] the reference run failed: {ref['run_failed']}", flush=True)
                 return 1
@@ -451,9 +493,9 @@ def main(argv=None) -> int:
             print(f"[campaign] reference (no faults): final error {ref['final_error']:.4f}", flush=True)
         directory = os.path.join(scratch, "faults")
         os.makedirs(directory)
-        faults = schedule(args.seed, duration, parse_kinds(args.faults), agents, _span(args.gap_s),
-                          _span(args.stop_s))
-        campaign = Campaign(directory, faults, args.sample_s)
+        faults = schedule(args.seed, duration, kinds, agents, _span(args.gap_s), _span(args.stop_s),
+                          cut_s=_span(args.cut_s))
+        campaign = Campaign(directory, faults, args.sample_s, cluster=cluster)
         t0 = time.time()
         threads = [threading.Thread(target=campaign.run_faults, args=(t0,), daemon=True),
                    threading.Thread(target=campaign.sample, args=(t0, agents), daemon=True)]
@@ -465,6 +507,8 @@ def main(argv=None) -> int:
             campaign.stopped.set()
             for th in threads:
                 th.join(5)
+            if cluster is not None:
+                campaign.restore_links()
         cycles = read_cycles(directory)
         for f in faults:
             f.recovered_s = recovered_after(f, cycles)

@@ -4,7 +4,7 @@
                                   [--no-announce] [overrides…]
 
 It is the user's job as a driver process runs it: its own Spark application (``cluster.master`` of the
-config), ``Trainer.fit`` with ``checkpoint.resume`` on ``DIR/checkpoints`` (the first incarnation finds none
+config, or the emulated cluster's standalone master when it runs on that cluster's driver host), ``Trainer.fit`` with ``checkpoint.resume`` on ``DIR/checkpoints`` (the first incarnation finds none
 and starts fresh; a later one resumes from the newest valid checkpoint the killed one left), until the
 campaign's ``--deadline`` (wall-clock seconds since the epoch), when it asks the trainer to stop.  What the
 campaign reads back, all under ``DIR``:
@@ -77,11 +77,12 @@ def main(argv=None) -> int:
     from mpca.config import load_config, settings_from
     from mpca.data.sources import job_dataframe
     from mpca.models import training_functions
-    from mpca.runtime.cluster import session_for
+    from mpca.bench.emulated_cluster import inside, session_in_cluster
+    from mpca.runtime.cluster import AGENT_TASK_MAX_FAILURES, session_for
     from mpca.trainer import Trainer
 
-    cfg = load_config(args.config or ["conf/digits.yaml"], args.overrides)
-    algorithm = cfg.algorithm if args.algorithm == cfg.algorithm.name else {"name": args.algorithm}
+    # the algorithm's own subsection of the config applies (conf/digits.yaml has one per algorithm)
+    cfg = load_config(args.config or ["conf/digits.yaml"], [f"algorithm.name={args.algorithm}"] + args.overrides)
     here = os.path.join(args.dir, f"inc-{args.incarnation}")
     agents_dir = os.path.join(here, "agents")
     os.makedirs(agents_dir, exist_ok=True)
@@ -92,10 +93,13 @@ def main(argv=None) -> int:
         evaluations.write(json.dumps({"inc": args.incarnation, "t": time.time(), "cycle": row["cycle"],
                                       "error": row["holdout_error"]}) + "\n")
 
-    spark, _ = session_for(cfg.cluster, cfg.run.name)
+    if inside():  # an emulated cluster's driver host (lab.campaign --link): its standalone master
+        spark = session_in_cluster(cfg.run.name, {"spark.task.maxFailures": str(AGENT_TASK_MAX_FAILURES)})
+    else:
+        spark, _ = session_for(cfg.cluster, cfg.run.name)
     try:
         model_fn, loss_fn, optimizer_fn = training_functions(cfg.model, cfg.optimizer)
-        settings = settings_from(cfg, algorithm=algorithm, cluster={**cfg.cluster.model_dump(), "master": "existing"},
+        settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"},
                                  stop={"max_seconds": 24 * 3600.0, "target_error": None, "max_cycles": None},
                                  progress="off", eval={"every_cycles": None, "every_seconds": 5.0},
                                  checkpoint={**cfg.checkpoint.model_dump(), "resume": True,

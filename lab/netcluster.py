@@ -562,6 +562,26 @@ class NetCluster:
         """(tx_bytes, rx_bytes) of the driver's eth0 (its port on the switch), for link-utilisation figures."""
         return self.link_bytes("driver")
 
+    def set_link(self, host: str, up: bool) -> None:
+        """Cut ``host``'s port on the switch (its veth's root end down: nothing passes either way, as when its
+        cable is pulled) or restore it."""
+        i = list(self.hosts).index(host)
+        _run([_tool("ip"), "link", "set", self._veth(i), "up" if up else "down"])
+
+    def host_of(self, pid: int) -> Optional[str]:
+        """The host whose network namespace process ``pid`` runs in (None: none of this cluster's, or gone)."""
+        try:
+            inode = os.stat(f"/proc/{pid}/ns/net").st_ino
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        for host in self.hosts:
+            try:
+                if os.stat(f"/run/netns/{self.ns(host)}").st_ino == inode:
+                    return host
+            except FileNotFoundError:
+                continue
+        return None
+
     def describe(self) -> str:
         limit = (f"{self.link} per port, both directions (tc tbf)" if self.bits else "unlimited (no qdisc)")
         spark = (f"Spark standalone master {self.master_url}, {self.cores} core(s) and {self.memory_mb} MB per "
