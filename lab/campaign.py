@@ -2,7 +2,7 @@
 
     python -m lab.campaign [-c conf/digits.yaml] [--algorithm mpca] [--minutes 10]
                            [--faults kill:4,stop:4,nan:4,corrupt:4,driver:1] [--gap-s 6:14] [--stop-s 6:15]
-                           [--seed 0] [--reference] [--json OUT] [overrides…]
+                           [--link 1gbit [--cut-s 5:60]] [--seed 0] [--reference] [--json OUT] [overrides…]
 
 Unlike :mod:`lab.faults` (one fault per run, fired from inside agent 1), the faults come from outside, at times
 drawn from ``--seed`` (:func:`schedule`; ``KIND:WEIGHT`` makes a kind that much likelier), on whichever agent the
@@ -14,7 +14,14 @@ draw names:
 * ``corrupt``: one broken connection to the agent's channel, a variant of :mod:`lab.bad_frames` drawn from the
   seed (junk or a stall without the secret; with it a truncated, malformed, oversized, wrong-sized or NaN frame);
 * ``driver``: SIGKILL of the driver (its Python process and its JVM at once, as when its host dies); the campaign
-  starts it again at once, as a job scheduler would, and it resumes from the newest checkpoint.
+  starts it again at once, as a job scheduler would, and it resumes from the newest checkpoint;
+* ``cut`` (with ``--link``): the port of the agent's worker host on the emulated cluster's switch goes down for
+  ``--cut-s`` seconds (nothing passes either way), then up again.
+
+With ``--link RATE`` the campaign runs on an emulated cluster (:mod:`lab.netcluster`: network namespaces, one
+worker host per agent, a standalone master; root), the drivers on its driver host; without it on
+``local-cluster`` (``cluster.master`` of the config).  Every process is on this machine either way, where the
+campaign can signal it.
 
 The driver runs as its own process (:mod:`lab.campaign_driver`, one *incarnation* per start) so that it can be
 killed; its agents announce their processes (their pids, in the incarnation's directory) when their models are
@@ -27,9 +34,7 @@ Python worker processes on this machine (an orphan of a killed driver would show
 the table gives first, last and peak, so a leak per fault shows.  ``--reference`` runs the same length without
 faults first and compares the final holdout errors.
 
-What it does not do yet (issue "A hundred faults in one run"): link cuts (needs the emulated cluster's network
-namespaces), decommissioning, Spark's broadcast blocks; the emulated cluster.  It runs on ``local-cluster`` (all
-processes on this machine, where the campaign can signal them).
+What it does not do yet (issue "A hundred faults in one run"): decommissioning, Spark's broadcast blocks.
 
 The model_fn wrapper runs on executors, which cannot import ``lab``: this module is pickled by value.
 """
@@ -395,14 +400,17 @@ def redone(fault: Fault, cycles: Sequence[dict]) -> Optional[int]:
 
 
 def summary(faults: Sequence[Fault]) -> List[dict]:
-    """Per kind: scheduled, injected, recovered, median and longest recovery (s)."""
+    """Per kind: scheduled, injected, recovered, median and longest recovery (s), and the median recovery after
+    the fault itself ended (a stop's or cut's hold taken off; the same as the recovery for the other kinds)."""
     rows = []
     for kind in sorted({f.kind for f in faults}):
         of = [f for f in faults if f.kind == kind]
         times = [f.recovered_s for f in of if f.recovered_s is not None]
+        after = [f.recovered_s - f.hold_s for f in of if f.recovered_s is not None]
         rows.append({"kind": kind, "scheduled": len(of), "injected": sum(f.injected_at is not None for f in of),
                      "recovered": len(times), "median_s": statistics.median(times) if times else math.nan,
-                     "max_s": max(times) if times else math.nan})
+                     "max_s": max(times) if times else math.nan,
+                     "median_after_s": statistics.median(after) if after else math.nan})
     return rows
 
 
@@ -551,10 +559,11 @@ def report(out: dict) -> str:
     lines = [f"{out['algorithm']}: {out['cycles']} cycles in {out['minutes']:g} min, {out['incarnations']} driver "
              f"incarnation(s), seed {out['seed']}; final holdout error {out['final_error']:.4f}" +
              (f" (no faults: {out['reference_final_error']:.4f})" if "reference_final_error" in out else ""),
-             f"{'fault':<8} {'scheduled':>9} {'injected':>8} {'recovered':>9} {'median s':>9} {'longest s':>9}"]
+             f"{'fault':<8} {'scheduled':>9} {'injected':>8} {'recovered':>9} {'median s':>9} {'longest s':>9} "
+             f"{'median s after it ended':>23}"]
     for r in out["summary"]:
         lines.append(f"{r['kind']:<8} {r['scheduled']:>9} {r['injected']:>8} {r['recovered']:>9} "
-                     f"{r['median_s']:>9.1f} {r['max_s']:>9.1f}")
+                     f"{r['median_s']:>9.1f} {r['max_s']:>9.1f} {r['median_after_s']:>23.1f}")
     lines.append(f"{'fault':<12} {'count':>5}  outcome")
     for r in out["outcomes"]:
         lines.append(f"{r['fault']:<12} {r['count']:>5}  {r['outcome'][:90]}")

@@ -39,10 +39,14 @@ def test_the_schedule_is_the_seeds_gaps_kinds_agents_and_holds():
 
 def test_weights_make_a_kind_likelier_driver_faults_name_no_agent_and_corrupt_ones_a_variant():
     assert parse_kinds("kill:4,stop, driver:0.5") == {"kill": 4.0, "stop": 1.0, "driver": 0.5}
-    faults = schedule(3, 4000.0, {"kill": 9.0, "driver": 1.0, "corrupt": 2.0}, 4, (1.0, 1.0), (0.0, 0.0))
-    count = {k: sum(f.kind == k for f in faults) for k in ("kill", "driver", "corrupt")}
+    faults = schedule(3, 4000.0, {"kill": 8.0, "driver": 1.0, "corrupt": 2.0, "cut": 1.0}, 4, (1.0, 1.0),
+                      (0.0, 0.0), cut_s=(5.0, 60.0))
+    count = {k: sum(f.kind == k for f in faults) for k in ("kill", "driver", "corrupt", "cut")}
     assert sum(count.values()) == len(faults) == 3989  # one a second from 11 s to 3,999 s
-    assert 0.70 < count["kill"] / len(faults) < 0.80 and 0.05 < count["driver"] / len(faults) < 0.12
+    assert 0.62 < count["kill"] / len(faults) < 0.72 and 0.05 < count["driver"] / len(faults) < 0.12
+    holds = [f.hold_s for f in faults if f.kind == "cut"]
+    assert 5.0 <= min(holds) < 10.0 and 55.0 < max(holds) <= 60.0  # a cut lasts 5-60 s
+    assert all(f.hold_s == 0.0 for f in faults if f.kind not in ("cut", "stop"))
     assert all(f.agent == DRIVER for f in faults if f.kind == "driver")
     assert all(0 <= f.agent < 4 for f in faults if f.kind != "driver")
     assert {f.variant for f in faults if f.kind == "corrupt"} == set(bad_frames.VARIANTS)
@@ -89,7 +93,10 @@ def test_the_summary_counts_per_kind_and_the_resources_give_first_last_and_peak(
                                                                                    recovered_s=1.0)]
     rows = {r["kind"]: r for r in summary(faults)}
     assert rows["kill"] == {"kind": "kill", "scheduled": 3, "injected": 3, "recovered": 2, "median_s": 7.0,
-                            "max_s": 10.0}
+                            "max_s": 10.0, "median_after_s": 7.0}
+    cuts = [Fault(1.0, "cut", 0, hold_s=20.0, injected_at=1.0, recovered_s=26.0),
+            Fault(2.0, "cut", 1, hold_s=5.0, injected_at=2.0, recovered_s=9.0)]
+    assert summary(cuts)[0]["median_s"] == 17.5 and summary(cuts)[0]["median_after_s"] == 5.0  # (6 + 4) / 2
     assert rows["nan"]["injected"] == 1 and rows["nan"]["median_s"] == 1.0
     assert math.isnan(summary([Fault(1.0, "stop", 0)])[0]["median_s"])
     samples = [{"t": 0, "driver": {"rss_mb": 100.0, "fds": 10, "threads": 5}, "agent0": None, "checkpoint_entries": 0},
