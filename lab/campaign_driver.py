@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     from mpca.data.sources import job_dataframe
     from mpca.models import training_functions
     from mpca.bench.emulated_cluster import inside, session_in_cluster
-    from mpca.runtime.cluster import AGENT_TASK_MAX_FAILURES, session_for
+    from mpca.runtime.cluster import session_for
     from mpca.trainer import Trainer
 
     # the algorithm's own subsection of the config applies (conf/digits.yaml has one per algorithm)
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
                                       "error": row["holdout_error"]}) + "\n")
 
     if inside():  # an emulated cluster's driver host (lab.campaign --link): its standalone master
-        spark = session_in_cluster(cfg.run.name, {"spark.task.maxFailures": str(AGENT_TASK_MAX_FAILURES)})
+        spark = session_in_cluster(cfg.run.name)
     else:
         spark, _ = session_for(cfg.cluster, cfg.run.name)
     try:

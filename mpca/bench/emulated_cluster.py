@@ -24,7 +24,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from mpca.errors import UserError
-from mpca.runtime.cluster import AGENT_SLOT
+from mpca.runtime.cluster import AGENT_SLOT, AGENT_TASK_MAX_FAILURES
 
 MASTER = "MPCA_SPARK_MASTER"  # spark://<driver-ip>:7077 inside an emulated cluster, unset elsewhere
 DRIVER_HOST = "MPCA_DRIVER_HOST"  # the driver host's address
@@ -56,7 +56,9 @@ def inside() -> bool:
 
 def session_in_cluster(app_name: str, conf: Optional[Dict[str, str]] = None):
     """A SparkSession on the master of the emulated cluster this process runs in (``$MPCA_SPARK_MASTER``, set
-    by lab/netcluster.py for its command), ready for mpca agents; None outside one."""
+    by lab/netcluster.py for its command), ready for mpca agents (an agent's task may fail
+    :data:`~mpca.runtime.cluster.AGENT_TASK_MAX_FAILURES` times, as in mpca's own sessions, unless ``conf``
+    says otherwise); None outside one."""
     master = os.environ.get(MASTER)
     if not master:
         return None
@@ -67,7 +69,7 @@ def session_in_cluster(app_name: str, conf: Optional[Dict[str, str]] = None):
          .config(f"spark.executor.resource.{AGENT_SLOT}.amount", "1").config("spark.ui.enabled", "false")
          .config("spark.pyspark.python", sys.executable)
          .config("spark.sql.execution.arrow.pyspark.enabled", "true"))
-    for key, value in (conf or {}).items():
+    for key, value in {"spark.task.maxFailures": str(AGENT_TASK_MAX_FAILURES), **(conf or {})}.items():
         b = b.config(key, value)
     return b.getOrCreate()
 

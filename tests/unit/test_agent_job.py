@@ -59,6 +59,15 @@ def test_mpcas_own_sessions_let_an_agent_outlast_many_lost_executors(monkeypatch
     assert seen["spark.task.maxFailures"] == str(cluster.AGENT_TASK_MAX_FAILURES) == "100"
     cluster.local_session(2, 2, 1024, conf={"spark.task.maxFailures": "7"})
     assert seen["spark.task.maxFailures"] == "7"
+    seen.clear()  # and the emulated cluster's session (mpca.bench), on its standalone master
+    from mpca.bench import emulated_cluster
+
+    monkeypatch.setenv(emulated_cluster.MASTER, "spark://10.200.0.1:7077")
+    monkeypatch.setenv(emulated_cluster.DRIVER_HOST, "10.200.0.1")
+    emulated_cluster.session_in_cluster("t")
+    assert seen["spark.task.maxFailures"] == "100"
+    emulated_cluster.session_in_cluster("t", {"spark.task.maxFailures": "7"})
+    assert seen["spark.task.maxFailures"] == "7"
 
 
 def test_a_session_with_few_task_retries_is_said_before_the_run(caplog):
