@@ -61,7 +61,7 @@ from pyspark import cloudpickle
 from torch import nn
 
 from lab import bad_frames
-from lab.faults import executor_of
+from lab.faults import executor_of, parent_of
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import lab/
 KINDS = ("kill", "stop", "nan", "corrupt", "driver", "cut")
@@ -173,11 +173,6 @@ def announced(model_fn: Callable, directory: str) -> Callable:
 
 
 # --------------------------------------------------------------------------- on the campaign's machine
-def _ppid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
 def _cmdline(pid: int) -> bytes:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read()
@@ -198,7 +193,7 @@ def _processes():
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
-                yield int(p), _ppid(int(p)), _cmdline(int(p))
+                yield int(p), parent_of(int(p)), _cmdline(int(p))
             except (FileNotFoundError, ProcessLookupError, IndexError):
                 continue
 
@@ -456,8 +451,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reference", action="store_true", help="first a run of the same length without faults")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--report", default=None, metavar="JSON", help="print the tables of a campaign's --json again "
+                    "(recovery recomputed from its faults) and exit")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            out = json.load(f)
+        faults = [Fault(**f) for f in out["faults"]]
+        out.update(summary=summary(faults), outcomes=outcome_table(faults), resources=resource_table(out["samples"]))
+        print(report(out))
+        return 0
     from mpca.config import load_config
 
     cfg = load_config(args.config or ["conf/digits.yaml"],  # a bad config: said here, not in the driver's log
@@ -570,7 +574,31 @@ def report(out: dict) -> str:
     lines.append(f"{'process':<15} {'figure':<15} {'first':>8} {'last':>8} {'peak':>8}")
     for r in out["resources"]:
         lines.append(f"{r['process']:<15} {r['figure']:<15} {r['first']:>8.1f} {r['last']:>8.1f} {r['peak']:>8.1f}")
+    lines.append("peaks per driver incarnation: inc (s into the run) driver MB | JVM MB, threads, fds | checkpoint "
+                 "entries | executor JVMs, PySpark processes on the machine")
+    for r in incarnation_table(out.get("samples", [])):
+        lines.append(f"{r['incarnation']:>3} ({r['from_s']:.0f}-{r['to_s']:.0f}) {r['driver_mb']} | {r['jvm_mb']}, "
+                     f"{r['jvm_threads']}, {r['jvm_fds']} | {r['checkpoint_entries']} | {r['executor_jvms']}, "
+                     f"{r['pyspark_workers']}")
     return "\n".join(lines)
+
+
+def incarnation_table(samples: Sequence[dict]) -> List[dict]:
+    """Per driver incarnation: its span and the peaks of the driver's and its JVM's figures, the checkpoint
+    entries and the Spark processes on the machine (None where it was never sampled)."""
+    rows = []
+    for inc in sorted({s["incarnation"] for s in samples}):
+        of = [s for s in samples if s["incarnation"] == inc]
+
+        def peak(key: str, fig: Optional[str] = None):
+            values = [s[key][fig] if fig else s[key] for s in of if s.get(key) is not None]
+            return round(max(values)) if values else None
+
+        rows.append({"incarnation": inc, "from_s": of[0]["t"], "to_s": of[-1]["t"], "driver_mb": peak("driver", "rss_mb"),
+                     "jvm_mb": peak("driver_jvm", "rss_mb"), "jvm_threads": peak("driver_jvm", "threads"),
+                     "jvm_fds": peak("driver_jvm", "fds"), "checkpoint_entries": peak("checkpoint_entries"),
+                     "executor_jvms": peak("executor_jvms"), "pyspark_workers": peak("pyspark_workers")})
+    return rows
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ campaign reads back, all under ``DIR``:
 
 * ``cycles.jsonl``: a line per exchange cycle, as it ends — the incarnation, the cycle, its submission and end
   (wall-clock) and each contributing agent's weight τ;
-* ``evaluations.jsonl``: a line per holdout evaluation (every 5 s) — the incarnation, the time, the cycle, the
-  error;
 * ``inc-N/agents/``: where its agents announce their processes (:class:`lab.campaign.Announced`);
 * ``inc-N/run.json`` (mode 0600): the run's channel secret, hex, and shard 0's size on the wire, for the
   campaign's broken messages (:mod:`lab.bad_frames`), which need a peer that holds the secret;
@@ -86,12 +84,8 @@ def main(argv=None) -> int:
     here = os.path.join(args.dir, f"inc-{args.incarnation}")
     agents_dir = os.path.join(here, "agents")
     os.makedirs(agents_dir, exist_ok=True)
-    cycles, evaluations = (appended(os.path.join(args.dir, name)) for name in ("cycles.jsonl", "evaluations.jsonl"))
+    cycles = appended(os.path.join(args.dir, "cycles.jsonl"))
     instrument(os.path.join(here, "run.json"), cycles, args.incarnation)
-
-    def on_cycle(row: dict) -> None:
-        evaluations.write(json.dumps({"inc": args.incarnation, "t": time.time(), "cycle": row["cycle"],
-                                      "error": row["holdout_error"]}) + "\n")
 
     if inside():  # an emulated cluster's driver host (lab.campaign --link): its standalone master
         spark = session_in_cluster(cfg.run.name)
@@ -105,7 +99,7 @@ def main(argv=None) -> int:
                                  checkpoint={**cfg.checkpoint.model_dump(), "resume": True,
                                              "dir": os.path.join(args.dir, "checkpoints")})
         trainer = Trainer(model_fn if args.no_announce else announced(model_fn, agents_dir), loss_fn, optimizer_fn,
-                          settings, spark=spark, on_cycle=on_cycle)
+                          settings, spark=spark)
         timer = threading.Timer(max(0.0, args.deadline - time.time()), trainer.request_stop)
         timer.daemon = True
         timer.start()
@@ -117,7 +111,6 @@ def main(argv=None) -> int:
             json.dump(final, f)
     finally:
         cycles.close()
-        evaluations.close()
         spark.stop()
     return 0
 

@@ -71,11 +71,16 @@ def _first(marker: str) -> bool:
     return True
 
 
+def parent_of(pid: int) -> int:
+    """The parent process of ``pid`` (from /proc; FileNotFoundError when it is gone)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def executor_of(pid: int) -> Optional[int]:
     """The executor JVM above an agent's Python process ``pid`` (worker ← pyspark.daemon ← JVM), or None."""
     for _ in range(4):
-        with open(f"/proc/{pid}/stat") as f:
-            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        pid = parent_of(pid)
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             if b"CoarseGrainedExecutorBackend" in f.read():
                 return pid

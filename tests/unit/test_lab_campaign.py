@@ -114,6 +114,12 @@ def test_the_summary_counts_per_kind_and_the_resources_give_first_last_and_peak(
     table = {(r["process"], r["figure"]): (r["first"], r["last"], r["peak"]) for r in resource_table(spark)}
     assert table[("machine", "executor_jvms")] == (2, 2, 4) and table[("machine", "pyspark_workers")] == (4, 4, 8)
     assert not any(p == "incarnation" for p, _ in table)
+    from lab.campaign import incarnation_table
+
+    spark[1]["incarnation"] = spark[2]["incarnation"] = 1  # a restart after the first sample
+    rows = incarnation_table(spark)
+    assert [(r["incarnation"], r["from_s"], r["to_s"], r["executor_jvms"], r["jvm_mb"]) for r in rows] == \
+        [(0, 0, 0, 2, None), (1, 2, 4, 4, None)]
 
 
 @pytest.fixture
