@@ -18,3 +18,46 @@ def test_an_agents_task_start_is_its_executors_clock_kept_within_what_the_driver
     assert task_started_at({"since_start_s": 4.0, "started_at": 98.0}, received=105.7, submitted=100.0) == 100.0
     assert task_started_at({"since_start_s": 4.0}, received=105.7, submitted=100.0) == 101.7  # an older agent
     assert task_started_at({"since_start_s": 4.0, "started_at": 98.0}, received=105.7, submitted=None) == 98.0
+
+
+class _Jobs:
+    """The holdout's view of the exchange jobs: agents 0 and 1, agent 1 out of reach for its first ``lost`` jobs
+    (its executor killed, its replacement loading), each agent's rows hashed 10·a + i."""
+
+    def __init__(self, lost: int):
+        import types
+
+        self.roster = types.SimpleNamespace(agents=[0, 1])
+        self.lost, self.jobs = lost, 0
+
+    def plan(self, token, op, only_agents, params):
+        return (only_agents, params)
+
+    def spread(self, agents, attempt=1):
+        return agents
+
+    def run(self, plan, tasks, bc, description):
+        import types
+
+        import numpy as np
+
+        only, params = plan
+        self.jobs += 1
+        reached = [a for a in only if a == 0 or self.jobs > self.lost]
+        if "up_to" in params:
+            rows = {a: ({"rows": a}, b"rows-of-%d" % a) for a in reached}
+        else:
+            rows = {a: ({}, np.arange(10 * a, 10 * a + 3, dtype=np.int64).tobytes()) for a in reached}
+        return types.SimpleNamespace(rows=rows)
+
+
+def test_the_holdout_waits_for_an_agent_whose_executor_was_replaced_rather_than_failing_the_run():
+    """control.holdout: an agent killed before it handed its holdout rows over is missing from the jobs until its
+    replacement listens — not yet (None) while the wait lasts, its rows once it answers; never a failed run.
+    With max_rows 4 the cut-off is the 4th smallest hash (10), so both agents hold rows."""
+    from mpca.runtime.control import STOP_ATTEMPTS, holdout
+
+    assert holdout(_Jobs(lost=10 * STOP_ATTEMPTS), max_rows=4, wait_s=0.0) is None
+    jobs = _Jobs(lost=STOP_ATTEMPTS + 2)  # back within the wait: the first round of jobs missed it
+    assert holdout(jobs, max_rows=4, wait_s=30.0) == [({"rows": 0}, b"rows-of-0"), ({"rows": 1}, b"rows-of-1")]
+    assert jobs.jobs > STOP_ATTEMPTS
