@@ -34,7 +34,11 @@ Python worker processes on this machine (an orphan of a killed driver would show
 the table gives first, last and peak, so a leak per fault shows.  ``--reference`` runs the same length without
 faults first and compares the final holdout errors.
 
-What it does not do yet (issue "A hundred faults in one run"): decommissioning, Spark's broadcast blocks.
+The table also gives each figure's median over the run's second and last quarter (flat: their ratio near 1), and
+Spark's storage memory in use over every block manager — its broadcast blocks — as the drivers saw it after each
+cycle.
+
+What it does not do yet (issue "A hundred faults in one run"): decommissioning.
 
 The model_fn wrapper runs on executors, which cannot import ``lab``: this module is pickled by value.
 """
@@ -122,14 +126,26 @@ def recovered_after(fault: Fault, cycles: Sequence[dict]) -> Optional[float]:
     """Seconds from ``fault``'s injection to the end of the first cycle submitted after it that counted the
     agent's contribution (weight > 0) — for a driver fault, that any agent's counted: the resumed driver's first
     useful cycle; None if none did (or it was never injected).  ``cycles``: the rows of the drivers' cycles
-    (``t_submit``, ``t_end``, ``weight``: {agent: weight}), in order."""
+    (``t_submit``, ``t_end``, ``weight``: {agent: weight}), in order.
+
+    A parameter-service algorithm's agents contribute by calling the driver's service, not in cycles (their
+    weight is None): there, to the agent's first call after the fault (``calls``: {agent: when it last called}) —
+    after the fault ended, for a stop or a cut (a request already on its way when the agent stopped or the link
+    went down is not a recovery); for a driver fault, to any agent's first call to the resumed driver."""
     if fault.injected_at is None:
         return None
+    since = fault.injected_at + (fault.hold_s if fault.kind in ("stop", "cut") else 0.0)
     for c in cycles:
+        if c["t_submit"] < fault.injected_at:
+            continue
         weights = c.get("weight") or {}
-        w = max(weights.values(), default=None) if fault.agent == DRIVER else weights.get(fault.agent)
-        if c["t_submit"] >= fault.injected_at and w is not None and w > 0:
+        w = max((v for v in weights.values() if v is not None), default=None) if fault.agent == DRIVER \
+            else weights.get(fault.agent)
+        if w is not None and w > 0:
             return c["t_end"] - fault.injected_at
+        calls = [t for a, t in (c.get("calls") or {}).items() if fault.agent in (DRIVER, a) and t > since]
+        if calls:
+            return min(calls) - fault.injected_at
     return None
 
 
@@ -378,6 +394,7 @@ def read_cycles(directory: str) -> List[dict]:
             except ValueError:  # a killed driver's last line, cut short (the next one starts a new line)
                 continue
             row["weight"] = {int(a): w for a, w in row["weight"].items()}
+            row["calls"] = {int(a): t for a, t in row.get("calls", {}).items()}
             rows.append(row)
     return sorted(rows, key=lambda r: r["t_submit"])
 
@@ -410,24 +427,44 @@ def summary(faults: Sequence[Fault]) -> List[dict]:
 
 
 def resource_table(samples: Sequence[dict]) -> List[dict]:
-    """Per process (driver, driver JVM, each agent) and figure: first, last and peak over the run; the
-    checkpoint directory's entries and the Spark processes on the machine likewise."""
+    """Per process (driver, driver JVM, each agent) and figure: first, last and peak over the run, and the medians
+    of its second and last quarter (the target: flat within 10% between them); the checkpoint directory's
+    entries, the Spark processes on the machine and Spark's storage memory in use likewise."""
     rows = []
-    counts = ("checkpoint_entries", "executor_jvms", "pyspark_workers")
+    counts = ("checkpoint_entries", "executor_jvms", "pyspark_workers", "spark_storage_mb")
+    names = {"checkpoint_entries": ("checkpoint dir", "entries"), "spark_storage_mb": ("spark blocks", "storage_mb")}
     keys = [k for k in (samples[0] if samples else {}) if k not in ("t", "incarnation") + counts]
+    end = samples[-1]["t"] if samples else 0.0
+
+    def row(process: str, figure: str, values: List[Tuple[float, float]]) -> dict:
+        q2 = [v for t, v in values if end / 4 <= t < end / 2]
+        q4 = [v for t, v in values if t >= 3 * end / 4]
+        return {"process": process, "figure": figure, "first": values[0][1], "last": values[-1][1],
+                "peak": max(v for _, v in values), "q2": statistics.median(q2) if q2 else math.nan,
+                "q4": statistics.median(q4) if q4 else math.nan}
+
     for key in keys:
         for fig in ("rss_mb", "fds", "threads"):
-            values = [s[key][fig] for s in samples if s.get(key)]
+            values = [(s["t"], s[key][fig]) for s in samples if s.get(key)]
             if values:
-                rows.append({"process": key, "figure": fig, "first": values[0], "last": values[-1],
-                             "peak": max(values)})
+                rows.append(row(key, fig, values))
     for key in counts:
-        values = [s[key] for s in samples if key in s]
+        values = [(s["t"], s[key]) for s in samples if s.get(key) is not None]
         if values:
-            rows.append({"process": "checkpoint dir" if key == "checkpoint_entries" else "machine",
-                         "figure": "entries" if key == "checkpoint_entries" else key, "first": values[0],
-                         "last": values[-1], "peak": max(values)})
+            rows.append(row(*names.get(key, ("machine", key)), values))
     return rows
+
+
+def attach_storage(samples: Sequence[dict], cycles: Sequence[dict], t0: float) -> None:
+    """Each sample's ``spark_storage_mb``: the storage memory in use at the newest cycle that ended before it
+    (written by the driver of the time, :func:`lab.campaign_driver.storage_mb`); None before the first."""
+    ended = sorted((c["t_end"] - t0, c["storage_mb"]) for c in cycles if "storage_mb" in c)
+    i, latest = 0, None
+    for s in samples:
+        while i < len(ended) and ended[i][0] <= s["t"]:
+            latest = ended[i][1]
+            i += 1
+        s["spark_storage_mb"] = latest
 
 
 def _span(text: str) -> Tuple[float, float]:
@@ -522,6 +559,7 @@ def main(argv=None) -> int:
             if cluster is not None:
                 campaign.restore_links()
         cycles = read_cycles(directory)
+        attach_storage(campaign.samples, cycles, t0)
         for f in faults:
             f.recovered_s = recovered_after(f, cycles)
             if f.kind == "driver" and f.injected_at is not None:
@@ -571,9 +609,13 @@ def report(out: dict) -> str:
     lines.append(f"{'fault':<12} {'count':>5}  outcome")
     for r in out["outcomes"]:
         lines.append(f"{r['fault']:<12} {r['count']:>5}  {r['outcome'][:90]}")
-    lines.append(f"{'process':<15} {'figure':<15} {'first':>8} {'last':>8} {'peak':>8}")
+    lines.append(f"{'process':<15} {'figure':<15} {'first':>8} {'last':>8} {'peak':>8} {'Q2 med':>8} {'Q4 med':>8} "
+                 f"{'Q4/Q2':>6}")
     for r in out["resources"]:
-        lines.append(f"{r['process']:<15} {r['figure']:<15} {r['first']:>8.1f} {r['last']:>8.1f} {r['peak']:>8.1f}")
+        q2, q4 = r.get("q2", math.nan), r.get("q4", math.nan)
+        ratio = q4 / q2 if q2 and not math.isnan(q2) and not math.isnan(q4) else math.nan
+        lines.append(f"{r['process']:<15} {r['figure']:<15} {r['first']:>8.1f} {r['last']:>8.1f} {r['peak']:>8.1f} "
+                     f"{q2:>8.1f} {q4:>8.1f} {ratio:>6.2f}")
     lines.append("peaks per driver incarnation: inc (s into the run) driver MB | JVM MB, threads, fds | checkpoint "
                  "entries | executor JVMs, PySpark processes on the machine")
     for r in incarnation_table(out.get("samples", [])):

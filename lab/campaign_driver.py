@@ -10,7 +10,8 @@ campaign's ``--deadline`` (wall-clock seconds since the epoch), when it asks the
 campaign reads back, all under ``DIR``:
 
 * ``cycles.jsonl``: a line per exchange cycle, as it ends — the incarnation, the cycle, its submission and end
-  (wall-clock) and each contributing agent's weight τ;
+  (wall-clock), each contributing agent's weight τ, the Spark storage memory in use (:func:`storage_mb`) and,
+  for a parameter-service algorithm, when each agent last called the service;
 * ``inc-N/agents/``: where its agents announce their processes (:class:`lab.campaign.Announced`);
 * ``inc-N/run.json`` (mode 0600): the run's channel secret, hex, and shard 0's size on the wire, for the
   campaign's broken messages (:mod:`lab.bad_frames`), which need a peer that holds the secret;
@@ -36,10 +37,23 @@ def appended(path: str):
     return f
 
 
+def storage_mb(sc) -> float:
+    """The storage memory in use over every block manager of the application (the driver's and each executor's,
+    as Spark's scheduler knows them), MB: Spark's broadcast blocks — a cycle's joint shard among them — and any
+    cached blocks (mpca caches none), so broadcasts that are never released show as a rise."""
+    used, it = 0, sc._jsc.sc().getExecutorMemoryStatus().values().iterator()
+    while it.hasNext():
+        most_and_left = it.next()
+        used += most_and_left._1() - most_and_left._2()
+    return used / 2 ** 20
+
+
 def instrument(run_json: str, cycles, incarnation: int) -> None:
     """Lab only: after each :class:`~mpca.runtime.run.AgentRun` is built, write its secret and shard 0's wire
     size to ``run_json`` (0600; the campaign plays a peer that holds the secret); after each of its cycles, a
-    line to ``cycles`` (the incarnation, the cycle, its submission and end, each contributing agent's τ)."""
+    line to ``cycles`` (the incarnation, the cycle, its submission and end, each contributing agent's τ, the
+    storage memory in use and — parameter-service algorithms, whose agents contribute by calling the driver's
+    service, not in cycles — when each agent last called)."""
     from mpca.runtime import run as run_module
 
     built, cycle = run_module.AgentRun.__init__, run_module.AgentRun.cycle
@@ -55,7 +69,10 @@ def instrument(run_json: str, cycles, incarnation: int) -> None:
     def one_cycle(self, c: int):
         rec = cycle(self, c)
         cycles.write(json.dumps({"inc": incarnation, "cycle": c, "t_submit": rec.t_submit, "t_end": rec.t_end,
-                                 "weight": {a: r.weight for a, r in rec.agents.items()}}) + "\n")
+                                 "weight": {a: r.weight for a, r in rec.agents.items()},
+                                 "storage_mb": round(storage_mb(self.sc), 3),
+                                 **({"calls": dict(self.service.last_call)} if self.pipeline.exchange == "service"
+                                    else {})}) + "\n")
         return rec
 
     run_module.AgentRun.__init__, run_module.AgentRun.cycle = init, one_cycle

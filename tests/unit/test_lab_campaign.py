@@ -69,6 +69,23 @@ def test_a_fault_is_recovered_at_the_end_of_the_first_cycle_submitted_after_it_t
     assert recovered_after(Fault(0.0, "driver", DRIVER, injected_at=110.0), cycles + resumed) == pytest.approx(22.5)
 
 
+
+def test_a_parameter_service_agent_is_recovered_at_its_first_call_to_the_service_after_the_fault():
+    """Its cycles carry no weight (it contributes by calling the service): the first call after the fault — after
+    it ended, for a stop or a cut — or, for a driver fault, any agent's first call to the resumed driver."""
+    cycles = [{"t_submit": 100.0, "t_end": 100.2, "weight": {0: None, 1: None}, "calls": {0: 99.9, 1: 100.1}},
+              {"t_submit": 100.5, "t_end": 100.7, "weight": {0: None, 1: None}, "calls": {0: 100.6, 1: 100.4}},
+              {"t_submit": 101.0, "t_end": 101.2, "weight": {0: None, 1: None}, "calls": {0: 101.1, 1: 100.4}},
+              {"t_submit": 109.0, "t_end": 109.2, "weight": {0: None, 1: None}, "calls": {0: 109.1, 1: 108.8}}]
+    assert recovered_after(Fault(0.0, "kill", 1, injected_at=100.3), cycles) == pytest.approx(100.4 - 100.3)
+    assert recovered_after(Fault(0.0, "nan", 0, injected_at=100.3), cycles) == pytest.approx(100.6 - 100.3)
+    # stopped at 100.3 for 8 s: its request of 100.4 was on its way; it called again at 108.8
+    assert recovered_after(Fault(0.0, "stop", 1, injected_at=100.3, hold_s=8.0), cycles) == pytest.approx(8.5)
+    assert recovered_after(Fault(0.0, "stop", 1, injected_at=100.3, hold_s=9.0), cycles) is None
+    resumed = [{"t_submit": 130.0, "t_end": 130.2, "weight": {}, "calls": {}},
+               {"t_submit": 130.5, "t_end": 130.7, "weight": {0: None}, "calls": {0: 130.6}}]
+    assert recovered_after(Fault(0.0, "driver", DRIVER, injected_at=110.0), cycles + resumed) == pytest.approx(20.6)
+
 def test_cycles_are_read_back_without_a_killed_drivers_cut_line_and_the_cycles_run_again_counted(tmp_path):
     rows = [{"inc": 0, "cycle": c, "t_submit": 10.0 + c, "t_end": 10.5 + c, "weight": {"0": 1.0}} for c in range(7)]
     rows += [{"inc": 1, "cycle": c, "t_submit": 40.0 + c, "t_end": 40.5 + c, "weight": {"1": 2.0}} for c in (5, 6, 7)]
@@ -114,6 +131,19 @@ def test_the_summary_counts_per_kind_and_the_resources_give_first_last_and_peak(
     table = {(r["process"], r["figure"]): (r["first"], r["last"], r["peak"]) for r in resource_table(spark)}
     assert table[("machine", "executor_jvms")] == (2, 2, 4) and table[("machine", "pyspark_workers")] == (4, 4, 8)
     assert not any(p == "incarnation" for p, _ in table)
+    # the quarters: the run's samples at 0..8 s; the second quarter is 2 <= t < 4, the last t >= 6
+    quarters = [{"t": t, "incarnation": 0, "driver": {"rss_mb": mb, "fds": 10, "threads": 5}}
+                for t, mb in enumerate([100.0, 300.0, 110.0, 130.0, 999.0, 999.0, 120.0, 140.0, 150.0])]
+    drv = {r["figure"]: r for r in resource_table(quarters) if r["process"] == "driver"}
+    assert (drv["rss_mb"]["q2"], drv["rss_mb"]["q4"]) == (120.0, 140.0) and drv["fds"]["q4"] == 10
+    from lab.campaign import attach_storage
+
+    cycles = [{"t_end": 101.5, "storage_mb": 3.0}, {"t_end": 103.0, "storage_mb": 4.0}, {"t_end": 106.5}]
+    attach_storage(quarters, cycles, t0=100.0)  # the newest cycle ended before each sample; none before the first
+    assert [q["spark_storage_mb"] for q in quarters] == [None, None, 3.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0]
+    blocks = {r["process"]: r for r in resource_table(quarters)}["spark blocks"]
+    assert (blocks["figure"], blocks["first"], blocks["peak"], blocks["q2"], blocks["q4"]) == \
+        ("storage_mb", 3.0, 4.0, 3.5, 4.0)
     from lab.campaign import incarnation_table
 
     spark[1]["incarnation"] = spark[2]["incarnation"] = 1  # a restart after the first sample
