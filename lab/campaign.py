@@ -3,6 +3,7 @@
     python -m lab.campaign [-c conf/digits.yaml] [--algorithm mpca] [--minutes 10]
                            [--faults kill:4,stop:4,nan:4,corrupt:4,driver:1] [--gap-s 6:14] [--stop-s 6:15]
                            [--link 1gbit [--cut-s 5:60]] [--seed 0] [--reference] [--json OUT] [overrides…]
+                           (with --link the kinds may add cut:W and decommission:W)
 
 Unlike :mod:`lab.faults` (one fault per run, fired from inside agent 1), the faults come from outside, at times
 drawn from ``--seed`` (:func:`schedule`; ``KIND:WEIGHT`` makes a kind that much likelier), on whichever agent the
@@ -16,7 +17,11 @@ draw names:
 * ``driver``: SIGKILL of the driver (its Python process and its JVM at once, as when its host dies); the campaign
   starts it again at once, as a job scheduler would, and it resumes from the newest checkpoint;
 * ``cut`` (with ``--link``): the port of the agent's worker host on the emulated cluster's switch goes down for
-  ``--cut-s`` seconds (nothing passes either way), then up again.
+  ``--cut-s`` seconds (nothing passes either way), then up again;
+* ``decommission`` (with ``--link``): SIGPWR to the agent's Spark worker, Spark's graceful decommissioning (the
+  workers and the application get ``spark.decommission.enabled``), as a spot instance's notice: the agent hands
+  in its last contribution and leaves.  mpca does not bring a decommissioned agent back within a run, so these
+  come only in the run's last quarter, at most K − 1 of them; recovered once a cycle says the agent left.
 
 With ``--link RATE`` the campaign runs on an emulated cluster (:mod:`lab.netcluster`: network namespaces, one
 worker host per agent, a standalone master; root), the drivers on its driver host; without it on
@@ -26,8 +31,9 @@ campaign can signal it.
 The driver runs as its own process (:mod:`lab.campaign_driver`, one *incarnation* per start) so that it can be
 killed; its agents announce their processes (their pids, in the incarnation's directory) when their models are
 built, so the campaign signals the current process of the agent it drew, a replacement included.  A fault is
-*recovered* when a cycle submitted after it counted the agent's contribution again (weight > 0) — for ``driver``,
-when the resumed driver's first cycle ended.  The table gives per kind the faults injected, recovered, and the
+*recovered* when a cycle submitted after it counted the agent's contribution again (weight > 0; a
+parameter-service algorithm's agent: when it next called the service) — for ``driver``, when the resumed driver's
+first cycle ended.  The table gives per kind the faults injected, recovered, and the
 median and longest time to recovery.  Meanwhile a sampler records the driver's (Python and JVM) and every agent's
 resident memory, open file descriptors and threads, the checkpoint directory's entries and the executor and
 Python worker processes on this machine (an orphan of a killed driver would show there), every ``--sample-s``:
@@ -37,8 +43,6 @@ faults first and compares the final holdout errors.
 The table also gives each figure's median over the run's second and last quarter (flat: their ratio near 1), and
 Spark's storage memory in use over every block manager — its broadcast blocks — as the drivers saw it after each
 cycle.
-
-What it does not do yet (issue "A hundred faults in one run"): decommissioning.
 
 The model_fn wrapper runs on executors, which cannot import ``lab``: this module is pickled by value.
 """
@@ -68,7 +72,8 @@ from lab import bad_frames
 from lab.faults import executor_of, parent_of
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import lab/
-KINDS = ("kill", "stop", "nan", "corrupt", "driver", "cut")
+KINDS = ("kill", "stop", "nan", "corrupt", "driver", "cut", "decommission")
+DECOMMISSION_FROM = 0.75  # decommissions come in the run's last quarter: their agents leave the run for good
 DRIVER = -1  # the agent field of a driver fault
 
 
@@ -82,8 +87,10 @@ class Fault:
     injected_at: Optional[float] = None  # wall time it was injected (None: the agent had no process then)
     pid: Optional[int] = None
     incarnation: Optional[int] = None  # the driver's incarnation it hit
-    outcome: Optional[str] = None  # corrupt: what the agent did with the message; cut: the host cut
+    outcome: Optional[str] = None  # corrupt: what the agent did with the message; cut, decommission: the host
     recovered_s: Optional[float] = None  # from injection to the end of the first cycle counting the agent again
+    replacement_up_s: Optional[float] = None  # kill: from injection to its replacement executor's JVM starting
+    cycles_after_up: Optional[int] = None  # kill: cycles that ended from then to its recovery, that one included
 
 
 def parse_kinds(text: str) -> Dict[str, float]:
@@ -101,7 +108,9 @@ def schedule(seed: int, duration_s: float, kinds: Union[Sequence[str], Mapping[s
     """Faults from ``start_s`` to ``duration_s`` (exclusive), the gaps between them uniform in ``gap_s``, each of a
     kind drawn with ``kinds``' weights (a list: equal weights), on an agent drawn uniformly (none for ``driver``),
     a stop held for a time uniform in ``stop_s``, a link cut for one uniform in ``cut_s``, a corrupt message of a
-    variant drawn uniformly; the same seed, the same schedule."""
+    variant drawn uniformly; the same seed, the same schedule.  A decommissioned agent leaves the run for good, so
+    ``decommission`` is drawn only in the run's last quarter (:data:`DECOMMISSION_FROM`), at most ``agents`` − 1
+    times, each on an agent not drawn for one before."""
     weights = dict(kinds) if isinstance(kinds, Mapping) else {k: 1.0 for k in kinds}
     unknown = sorted(set(weights) - set(KINDS))
     if unknown or not weights or min(weights.values()) <= 0:
@@ -115,8 +124,16 @@ def schedule(seed: int, duration_s: float, kinds: Union[Sequence[str], Mapping[s
         t += rng.uniform(*gap_s)
         if t >= duration_s:
             return out
-        kind = rng.choices(names, [weights[n] for n in names])[0]
-        agent = DRIVER if kind == "driver" else rng.randrange(agents)
+        gone = [f.agent for f in out if f.kind == "decommission"]
+        allowed = [n for n in names if n != "decommission" or (t >= DECOMMISSION_FROM * duration_s
+                                                               and len(gone) < agents - 1)]
+        if not allowed:
+            continue
+        kind = rng.choices(allowed, [weights[n] for n in allowed])[0]
+        if kind == "decommission":
+            agent = rng.choice([a for a in range(agents) if a not in gone])
+        else:
+            agent = DRIVER if kind == "driver" else rng.randrange(agents)
         hold = round(rng.uniform(*{"stop": stop_s, "cut": cut_s}[kind]), 3) if kind in ("stop", "cut") else 0.0
         variant = rng.choice(bad_frames.VARIANTS) if kind == "corrupt" else ""
         out.append(Fault(round(t, 3), kind, agent, hold, variant))
@@ -131,9 +148,15 @@ def recovered_after(fault: Fault, cycles: Sequence[dict]) -> Optional[float]:
     A parameter-service algorithm's agents contribute by calling the driver's service, not in cycles (their
     weight is None): there, to the agent's first call after the fault (``calls``: {agent: when it last called}) —
     after the fault ended, for a stop or a cut (a request already on its way when the agent stopped or the link
-    went down is not a recovery); for a driver fault, to any agent's first call to the resumed driver."""
+    went down is not a recovery); for a driver fault, to any agent's first call to the resumed driver.
+
+    A decommissioned agent does not come back: it has recovered once it left gracefully — to the end of the
+    first cycle that says it left (``left``)."""
     if fault.injected_at is None:
         return None
+    if fault.kind == "decommission":
+        return next((c["t_end"] - fault.injected_at for c in cycles
+                     if c["t_submit"] >= fault.injected_at and fault.agent in c.get("left", ())), None)
     since = fault.injected_at + (fault.hold_s if fault.kind in ("stop", "cut") else 0.0)
     for c in cycles:
         if c["t_submit"] < fault.injected_at:
@@ -194,6 +217,18 @@ def _cmdline(pid: int) -> bytes:
         return f.read()
 
 
+def started_at(pid: int) -> Optional[float]:
+    """When process ``pid`` started, wall-clock seconds (from /proc; None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def process_figures(pid: int) -> Optional[Dict[str, float]]:
     """Resident MB, open file descriptors and threads of ``pid`` (None if it is gone)."""
     try:
@@ -243,6 +278,7 @@ class Campaign:
     killed: set = field(default_factory=set)  # incarnations whose driver the campaign killed
     cluster: Any = None  # the emulated cluster (lab.netcluster.NetCluster) the drivers run in; None: this host
     cut_until: Dict[str, float] = field(default_factory=dict)  # host -> when its (latest) cut ends
+    arrivals: List[dict] = field(default_factory=list)  # each agent process seen: agent, pid, its executor's start
 
     def here(self, *parts: str) -> str:
         return os.path.join(self.directory, f"inc-{self.incarnation}", *parts)
@@ -293,6 +329,13 @@ class Campaign:
                 self.cluster.set_link(host, False)
                 fault.outcome = host
                 threading.Timer(fault.hold_s, self._restore, args=(host,)).start()
+            elif fault.kind == "decommission":  # SIGPWR to the agent's worker: Spark's graceful decommissioning
+                jvm = executor_of(pid)
+                worker = parent_of(jvm) if jvm else None
+                if worker is None or b"deploy.worker.Worker" not in _cmdline(worker):  # local-cluster: in the driver
+                    return
+                _signal(worker, signal.SIGPWR)
+                fault.outcome = self.cluster.host_of(worker) if self.cluster is not None else None
             elif fault.kind == "corrupt":
                 try:
                     with open(self.here("run.json")) as f:
@@ -344,7 +387,17 @@ class Campaign:
             for a in range(agents):
                 pid = self.agent_pid(a)
                 row[f"agent{a}"] = process_figures(pid) if pid else None
+                if pid and all(seen["pid"] != pid for seen in self.arrivals):
+                    self.arrivals.append({"agent": a, "pid": pid, "executor_started": self._executor_started(pid)})
             self.samples.append(row)
+
+    @staticmethod
+    def _executor_started(pid: int) -> Optional[float]:
+        try:
+            jvm = executor_of(pid)
+        except FileNotFoundError:  # gone meanwhile
+            return None
+        return started_at(jvm) if jvm else None
 
     def drive(self, command: Callable[[int], List[str]], cwd: str) -> dict:
         """Start the driver (``command(incarnation)``), and again each time the campaign killed it, until one
@@ -411,6 +464,24 @@ def redone(fault: Fault, cycles: Sequence[dict]) -> Optional[int]:
     return (max(before) + 1 if before else 0) - first
 
 
+def after_replacement(fault: Fault, arrivals: Sequence[dict], cycles: Sequence[dict]) -> Tuple[Optional[float],
+                                                                                             Optional[int]]:
+    """For a kill: seconds from the injection to the start of the agent's replacement executor (the first of its
+    processes seen after the fault whose executor JVM started after it), and the cycles that ended from then to
+    the agent's recovery, the recovering one included (the target: ≤ 2); None where there is none."""
+    if fault.kind != "kill" or fault.injected_at is None:
+        return None, None
+    ups = [a["executor_started"] for a in arrivals if a["agent"] == fault.agent
+           and a["executor_started"] is not None and a["executor_started"] >= fault.injected_at]
+    if not ups:
+        return None, None
+    up = min(ups)
+    if fault.recovered_s is None:
+        return up - fault.injected_at, None
+    back = fault.injected_at + fault.recovered_s
+    return up - fault.injected_at, sum(1 for c in cycles if up < c["t_end"] <= back + 1e-6)
+
+
 def summary(faults: Sequence[Fault]) -> List[dict]:
     """Per kind: scheduled, injected, recovered, median and longest recovery (s), and the median recovery after
     the fault itself ended (a stop's or cut's hold taken off; the same as the recovery for the other kinds)."""
@@ -419,10 +490,12 @@ def summary(faults: Sequence[Fault]) -> List[dict]:
         of = [f for f in faults if f.kind == kind]
         times = [f.recovered_s for f in of if f.recovered_s is not None]
         after = [f.recovered_s - f.hold_s for f in of if f.recovered_s is not None]
+        cycles_up = [f.cycles_after_up for f in of if f.cycles_after_up is not None]
         rows.append({"kind": kind, "scheduled": len(of), "injected": sum(f.injected_at is not None for f in of),
                      "recovered": len(times), "median_s": statistics.median(times) if times else math.nan,
                      "max_s": max(times) if times else math.nan,
-                     "median_after_s": statistics.median(after) if after else math.nan})
+                     "median_after_s": statistics.median(after) if after else math.nan,
+                     "median_cycles_after_up": statistics.median(cycles_up) if cycles_up else math.nan})
     return rows
 
 
@@ -506,9 +579,11 @@ def main(argv=None) -> int:
     agents = cfg.training.agents
     duration = 60.0 * args.minutes
     kinds = parse_kinds(args.faults)
-    if "cut" in kinds and args.link is None:
-        print("error: the cut fault needs an emulated cluster: give --link (e.g. --link 1gbit)", file=sys.stderr)
-        return 2
+    for kind in ("cut", "decommission"):
+        if kind in kinds and args.link is None:
+            print(f"error: the {kind} fault needs an emulated cluster: give --link (e.g. --link 1gbit)",
+                  file=sys.stderr)
+            return 2
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = {"algorithm": args.algorithm, "seed": args.seed, "minutes": args.minutes, "faults_weights": args.faults}
 
@@ -516,7 +591,8 @@ def main(argv=None) -> int:
         return lambda inc: ([sys.executable, "-m", "lab.campaign_driver", "--dir", directory, "--incarnation",
                              str(inc), "--deadline", repr(deadline), "--algorithm", args.algorithm] +
                             [x for c in args.config for x in ("-c", os.path.abspath(c))] +
-                            ([] if announce else ["--no-announce"]) + args.overrides)
+                            ([] if announce else ["--no-announce"]) +
+                            (["--decommission"] if "decommission" in kinds else []) + args.overrides)
 
     with contextlib.ExitStack() as stack:
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="mpca-campaign-"))
@@ -527,7 +603,8 @@ def main(argv=None) -> int:
 
             local = parse_local_cluster(cfg.cluster.master) or LocalCluster(agents, 2, 1024)
             cluster = stack.enter_context(NetCluster(workers=agents, link=args.link, cores=local.cores,
-                                                     memory_mb=local.memory_mb))
+                                                     memory_mb=local.memory_mb,
+                                                     decommission="decommission" in kinds))
             out["cluster"] = cluster.describe()
             print(f"[campaign] {cluster.describe()}", flush=True)
         if args.reference:
@@ -562,6 +639,7 @@ def main(argv=None) -> int:
         attach_storage(campaign.samples, cycles, t0)
         for f in faults:
             f.recovered_s = recovered_after(f, cycles)
+            f.replacement_up_s, f.cycles_after_up = after_replacement(f, campaign.arrivals, cycles)
             if f.kind == "driver" and f.injected_at is not None:
                 n = redone(f, cycles)
                 f.outcome = None if n is None else f"{n} cycles run again"
@@ -601,11 +679,12 @@ def report(out: dict) -> str:
     lines = [f"{out['algorithm']}: {out['cycles']} cycles in {out['minutes']:g} min, {out['incarnations']} driver "
              f"incarnation(s), seed {out['seed']}; final holdout error {out['final_error']:.4f}" +
              (f" (no faults: {out['reference_final_error']:.4f})" if "reference_final_error" in out else ""),
-             f"{'fault':<8} {'scheduled':>9} {'injected':>8} {'recovered':>9} {'median s':>9} {'longest s':>9} "
-             f"{'median s after it ended':>23}"]
+             f"{'fault':<12} {'scheduled':>9} {'injected':>8} {'recovered':>9} {'median s':>9} {'longest s':>9} "
+             f"{'median s after it ended':>23} {'median cycles after replacement up':>34}"]
     for r in out["summary"]:
-        lines.append(f"{r['kind']:<8} {r['scheduled']:>9} {r['injected']:>8} {r['recovered']:>9} "
-                     f"{r['median_s']:>9.1f} {r['max_s']:>9.1f} {r['median_after_s']:>23.1f}")
+        lines.append(f"{r['kind']:<12} {r['scheduled']:>9} {r['injected']:>8} {r['recovered']:>9} "
+                     f"{r['median_s']:>9.1f} {r['max_s']:>9.1f} {r['median_after_s']:>23.1f} "
+                     f"{r.get('median_cycles_after_up', math.nan):>34.1f}")
     lines.append(f"{'fault':<12} {'count':>5}  outcome")
     for r in out["outcomes"]:
         lines.append(f"{r['fault']:<12} {r['count']:>5}  {r['outcome'][:90]}")

@@ -70,7 +70,7 @@ def instrument(run_json: str, cycles, incarnation: int) -> None:
         rec = cycle(self, c)
         cycles.write(json.dumps({"inc": incarnation, "cycle": c, "t_submit": rec.t_submit, "t_end": rec.t_end,
                                  "weight": {a: r.weight for a, r in rec.agents.items()},
-                                 "storage_mb": round(storage_mb(self.sc), 3),
+                                 "storage_mb": round(storage_mb(self.sc), 3), "left": list(rec.left),
                                  **({"calls": dict(self.service.last_call)} if self.pipeline.exchange == "service"
                                     else {})}) + "\n")
         return rec
@@ -86,6 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("-c", "--config", action="append", default=[])
     ap.add_argument("--algorithm", default="mpca")
     ap.add_argument("--no-announce", action="store_true", help="the plain model (a run without faults)")
+    ap.add_argument("--decommission", action="store_true", help="spark.decommission.enabled (the workers have it)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     from lab.campaign import announced
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
     instrument(os.path.join(here, "run.json"), cycles, args.incarnation)
 
     if inside():  # an emulated cluster's driver host (lab.campaign --link): its standalone master
-        spark = session_in_cluster(cfg.run.name)
+        spark = session_in_cluster(cfg.run.name, {"spark.decommission.enabled": "true"} if args.decommission else None)
     else:
         spark, _ = session_for(cfg.cluster, cfg.run.name)
     try:

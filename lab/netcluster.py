@@ -243,12 +243,15 @@ class NetCluster:
     returns when every worker registered with the master, ``__exit__`` removes everything.
 
     Attributes: ``master_url``, ``driver_ip``, ``link``, ``prefix``, ``hosts`` (name -> IP, driver first),
-    ``worker_names``, ``spark_pids`` (master and worker JVMs), ``state_dir``.
+    ``worker_names``, ``spark_pids`` (master and worker JVMs), ``state_dir``.  With ``decommission`` the
+    workers have ``spark.decommission.enabled``: SIGPWR to one decommissions it and its executors gracefully, as a
+    spot instance's notice (the application needs the setting too).
     """
 
     def __init__(self, workers: int, link: str = "none", cores: int = 2, memory_mb: int = 1024,
                  prefix: Optional[str] = None, *, subnet: str = "10.200.0", start_timeout: float = 120.0,
-                 spark: bool = True, log_dir: Optional[str] = None, quiet: bool = True):
+                 spark: bool = True, log_dir: Optional[str] = None, quiet: bool = True,
+                 decommission: bool = False):
         if not 1 <= int(workers) <= 200:
             raise NetClusterError(f"workers must be 1..200, got {workers}")
         if int(cores) < 1 or int(memory_mb) < 256:
@@ -265,6 +268,7 @@ class NetCluster:
         self.memory_mb = int(memory_mb)
         self.start_timeout = float(start_timeout)
         self.with_spark = bool(spark)
+        self.decommission = bool(decommission)  # workers decommission gracefully on SIGPWR (and their executors)
         self.log_dir = log_dir
         self.quiet = quiet
         self._requested_prefix = prefix
@@ -490,7 +494,8 @@ class NetCluster:
         with open(worker_conf, "w") as f:
             f.write(f"spark.worker.resource.{AGENT_SLOT}.amount 1\n"
                     f"spark.worker.resource.{AGENT_SLOT}.discoveryScript {script}\n"
-                    "spark.worker.cleanup.enabled false\n")
+                    "spark.worker.cleanup.enabled false\n" +
+                    ("spark.decommission.enabled true\n" if self.decommission else ""))
         deadline = time.monotonic() + self.start_timeout
         self._spark_daemon("driver", "master", "org.apache.spark.deploy.master.Master",
                            ["--host", self.driver_ip, "--port", str(MASTER_PORT), "--webui-port", str(MASTER_UI_PORT),

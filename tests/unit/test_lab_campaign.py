@@ -86,6 +86,53 @@ def test_a_parameter_service_agent_is_recovered_at_its_first_call_to_the_service
                {"t_submit": 130.5, "t_end": 130.7, "weight": {0: None}, "calls": {0: 130.6}}]
     assert recovered_after(Fault(0.0, "driver", DRIVER, injected_at=110.0), cycles + resumed) == pytest.approx(20.6)
 
+
+def test_decommissions_come_in_the_last_quarter_at_most_k_minus_1_on_distinct_agents_and_recover_when_they_left():
+    from lab.campaign import DECOMMISSION_FROM, schedule
+
+    for seed in range(5):
+        faults = schedule(seed, 600.0, {"decommission": 5.0, "nan": 1.0}, 3, (1.0, 3.0), (6.0, 15.0))
+        gone = [f for f in faults if f.kind == "decommission"]
+        assert len(gone) == 2 and len({f.agent for f in gone}) == 2, gone  # K - 1 = 2, never the same agent
+        assert all(f.t >= DECOMMISSION_FROM * 600.0 for f in gone)
+    # before the last quarter the same seed draws the same schedule with the kind as without it
+    args = (600.0, 3, (1.0, 3.0), (6.0, 15.0))
+    early = [(f.t, f.kind, f.agent) for f in schedule(0, args[0], {"kill": 1.0, "nan": 1.0}, *args[1:])
+             if f.t < DECOMMISSION_FROM * 600.0]
+    assert early == [(f.t, f.kind, f.agent) for f in schedule(0, args[0], {"kill": 1.0, "nan": 1.0,
+                                                                          "decommission": 3.0}, *args[1:])][:len(early)]
+    cycles = [{"t_submit": 100.0, "t_end": 101.0, "weight": {0: 1.0, 1: 1.0}, "left": []},
+              {"t_submit": 101.5, "t_end": 104.0, "weight": {0: 1.0}, "left": [1]},  # it left after this cycle
+              {"t_submit": 104.5, "t_end": 105.0, "weight": {0: 1.0}, "left": []}]
+    assert recovered_after(Fault(0.0, "decommission", 1, injected_at=100.5), cycles) == pytest.approx(3.5)
+    assert recovered_after(Fault(0.0, "decommission", 0, injected_at=100.5), cycles) is None
+
+
+def test_a_killed_agent_is_timed_from_its_replacement_executors_start_in_cycles():
+    """after_replacement: the first process of the agent seen after the kill whose executor started after it;
+    the cycles that ended from that start to the recovery, the recovering cycle included."""
+    from lab.campaign import after_replacement
+
+    cycles = [{"t_submit": t - 0.5, "t_end": t, "weight": {0: 1.0}} for t in (101.0, 110.0, 112.0, 113.0, 114.0)]
+    arrivals = [{"agent": 1, "pid": 10, "executor_started": 90.0},  # the killed one
+                {"agent": 0, "pid": 11, "executor_started": 105.0},  # another agent's
+                {"agent": 1, "pid": 12, "executor_started": None},  # gone before its executor was read
+                {"agent": 1, "pid": 13, "executor_started": 109.0}]  # the replacement
+    kill = Fault(0.0, "kill", 1, injected_at=100.0, recovered_s=13.0)  # counted again in the cycle ending at 113
+    assert after_replacement(kill, arrivals, cycles) == (9.0, 3)  # up at 109: cycles ending 110, 112, 113
+    assert after_replacement(Fault(0.0, "kill", 1, injected_at=100.0), arrivals, cycles) == (9.0, None)
+    assert after_replacement(Fault(0.0, "kill", 0, injected_at=106.0, recovered_s=4.0), arrivals, cycles) == \
+        (None, None)  # no replacement seen
+    assert after_replacement(Fault(0.0, "stop", 1, injected_at=100.0, recovered_s=13.0), arrivals, cycles) == \
+        (None, None)
+    import os
+    import time
+
+    from lab.campaign import started_at
+
+    assert time.time() - 3600 < started_at(os.getpid()) <= time.time()  # this test's process: minutes ago
+    assert started_at(1) <= started_at(os.getpid()) and started_at(2 ** 22 + 7) is None
+
 def test_cycles_are_read_back_without_a_killed_drivers_cut_line_and_the_cycles_run_again_counted(tmp_path):
     rows = [{"inc": 0, "cycle": c, "t_submit": 10.0 + c, "t_end": 10.5 + c, "weight": {"0": 1.0}} for c in range(7)]
     rows += [{"inc": 1, "cycle": c, "t_submit": 40.0 + c, "t_end": 40.5 + c, "weight": {"1": 2.0}} for c in (5, 6, 7)]
@@ -104,13 +151,13 @@ def test_cycles_are_read_back_without_a_killed_drivers_cut_line_and_the_cycles_r
 
 
 def test_the_summary_counts_per_kind_and_the_resources_give_first_last_and_peak():
-    faults = [Fault(1.0, "kill", 0, injected_at=1.0, recovered_s=4.0), Fault(2.0, "kill", 1, injected_at=2.0,
-                                                                               recovered_s=10.0),
+    faults = [Fault(1.0, "kill", 0, injected_at=1.0, recovered_s=4.0, cycles_after_up=1),
+              Fault(2.0, "kill", 1, injected_at=2.0, recovered_s=10.0, cycles_after_up=4),
               Fault(3.0, "kill", 1, injected_at=3.0), Fault(4.0, "nan", 0), Fault(5.0, "nan", 1, injected_at=5.0,
                                                                                    recovered_s=1.0)]
     rows = {r["kind"]: r for r in summary(faults)}
     assert rows["kill"] == {"kind": "kill", "scheduled": 3, "injected": 3, "recovered": 2, "median_s": 7.0,
-                            "max_s": 10.0, "median_after_s": 7.0}
+                            "max_s": 10.0, "median_after_s": 7.0, "median_cycles_after_up": 2.5}
     cuts = [Fault(1.0, "cut", 0, hold_s=20.0, injected_at=1.0, recovered_s=26.0),
             Fault(2.0, "cut", 1, hold_s=5.0, injected_at=2.0, recovered_s=9.0)]
     assert summary(cuts)[0]["median_s"] == 17.5 and summary(cuts)[0]["median_after_s"] == 5.0  # (6 + 4) / 2
