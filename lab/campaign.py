@@ -643,7 +643,8 @@ def main(argv=None) -> int:
             if f.kind == "driver" and f.injected_at is not None:
                 n = redone(f, cycles)
                 f.outcome = None if n is None else f"{n} cycles run again"
-        out.update(faults=[asdict(f) for f in faults], incarnations=campaign.incarnation + 1, cycles=len(cycles))
+        out.update(faults=[asdict(f) for f in faults], incarnations=campaign.incarnation + 1, cycles=len(cycles),
+                   arrivals=campaign.arrivals)
         if "run_failed" in final:
             injected = sum(f.injected_at is not None for f in faults)
             print(f"[campaign] the run failed after {injected} faults ({time.time() - t0:.0f} s): "
