@@ -563,6 +563,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--report", default=None, metavar="JSON", help="print the tables of a campaign's --json again "
                     "(recovery recomputed from its faults) and exit")
+    ap.add_argument("--update", action="store_true", help="with --report: write the recomputed tables (summary, "
+                    "outcomes, resources) back into the JSON; its faults and samples stay as measured")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     if args.report:
@@ -571,6 +573,9 @@ def main(argv=None) -> int:
         faults = [Fault(**f) for f in out["faults"]]
         out.update(summary=summary(faults), outcomes=outcome_table(faults), resources=resource_table(out["samples"]))
         print(report(out))
+        if args.update:
+            _write(args.report + ".tmp", out)
+            os.replace(args.report + ".tmp", args.report)
         return 0
     from mpca.config import load_config
 

@@ -41,7 +41,12 @@ A cell is text, a *figure*, or a list of them (joined without separators).  A fi
   ``reported:<key>`` (a figure ``bench compare`` reports once per series, e.g. ``bytes``, ``cycles``,
   ``duty_cycle``: ``n`` = 1, no spread; ``"scale"`` multiplies it, e.g. 1e-6 for MB), or
   ``sim_time_to:<target>`` (``"from"`` an ``mpca simulate --json`` file, no ``series``: its virtual time to the
-  target, one seed, ``n`` = 1).  ``format`` is a Python
+  target, one seed, ``n`` = 1), or ``campaign:<figure>`` (``"from"`` a ``python -m lab.campaign --json`` file, no
+  ``series``, ``n`` = 1; ``"scale"`` as above): ``injected``, ``recovered`` or ``scheduled`` (every kind, or
+  ``…:<kind>``), ``median_s:<kind>``, ``max_s:<kind>``, ``median_after_s:<kind>``,
+  ``median_cycles_after_up:<kind>`` (the campaign's summary), ``final_error``, ``reference_final_error``,
+  ``restarts`` (driver incarnations − 1), ``peak:<process>:<figure>`` and ``q4_over_q2:<process>:<figure>`` (its
+  resource table: the last quarter's median over the second's).  ``format`` is a Python
   format string over ``median``, ``min``, ``max``, ``n``, ``reached`` (the repeats that reached the target);
   ``missing`` (formatted the same way) is shown when the median is null;
 * a ratio of two measured medians: ``{"ratio": [<figure>, <figure>], "value": 0.81, "format": "{value:.2f}"}``;
@@ -100,11 +105,42 @@ def _median(values: List[Optional[float]]) -> Optional[float]:
     return None if not values or any(v is None for v in values) else statistics.median(values)
 
 
+def _finite(value: Any) -> Optional[float]:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def campaign_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
+    """One figure of a fault campaign's JSON (``python -m lab.campaign --json``; see ``campaign:`` above)."""
+    what, *args = figure.split(":")
+    if what in ("final_error", "reference_final_error"):
+        return _finite(doc.get(what))
+    if what == "restarts":
+        return doc["incarnations"] - 1
+    if what in ("injected", "recovered", "scheduled"):
+        return sum(r[what] for r in doc["summary"] if not args or r["kind"] == args[0])
+    if what in ("median_s", "max_s", "median_after_s", "median_cycles_after_up"):
+        return next((_finite(r.get(what)) for r in doc["summary"] if r["kind"] == args[0]), None)
+    if what in ("peak", "q4_over_q2"):
+        row = next((r for r in doc["resources"] if [r["process"], r["figure"]] == args), None)
+        if row is None:
+            return None
+        if what == "peak":
+            return row["peak"]
+        q2, q4 = _finite(row.get("q2")), _finite(row.get("q4"))
+        return q4 / q2 if q2 and q4 is not None else None
+    raise ValueError(f"unknown campaign figure {figure!r}")
+
+
 def derive(figure: Dict[str, Any]) -> Dict[str, Any]:
     """The derived fields (values, n, median, min, max) of a measured figure, from its ``compare.json``."""
     metric = figure["metric"]
-    if metric.startswith("sim_time_to:"):  # an ``mpca simulate --json`` file: one seed, one figure
-        value = _source(figure["from"])["time_to_target"].get(metric.split(":", 1)[1])
+    if metric.startswith(("sim_time_to:", "campaign:")):  # a simulation's or a fault campaign's file: one figure
+        source = _source(figure["from"])
+        if metric.startswith("campaign:"):
+            value = campaign_figure(source, metric.split(":", 1)[1])
+            value = value * figure.get("scale", 1) if value is not None else None
+        else:
+            value = source["time_to_target"].get(metric.split(":", 1)[1])
         return {"values": [value], "n": 1, "median": value, "min": value, "max": value}
     series = _source(figure["from"])["algorithms"][figure["series"]]
     if metric.startswith("reported:"):
@@ -214,7 +250,7 @@ def _figure_problems(f: Dict[str, Any]) -> List[str]:
     out = [f"missing {k!r}" for k in ("n", "median", "min", "max") if k not in f]
     if "from" in f:
         out += [f"missing {k!r}" for k in ("metric",) if k not in f]
-        if "series" not in f and not str(f.get("metric")).startswith("sim_time_to:"):
+        if "series" not in f and not str(f.get("metric")).startswith(("sim_time_to:", "campaign:")):
             out.append("missing 'series'")
         if "values" in f and f.get("n") != len(f["values"]):
             out.append("n is not the number of values")

@@ -192,3 +192,32 @@ def test_the_headline_table_quoted_by_hand_is_the_generated_one():
                if "| regime | mpca | Streaming DiLoCo (best period measured) |" in p.read_text(encoding="utf-8")]
     assert quoting, "README.md quotes the headline table"
     assert [str(p.relative_to(ROOT)) for p in quoting if table not in p.read_text(encoding="utf-8")] == []
+
+
+def test_a_campaigns_figures_come_from_its_summary_and_resource_table():
+    """campaign:<figure> (docs/hooks/results.py) against a hand-written campaign JSON."""
+    results = _results()
+    nan = float("nan")
+    doc = {"incarnations": 8, "final_error": 0.0036, "reference_final_error": 0.0073,
+           "summary": [{"kind": "kill", "scheduled": 30, "injected": 22, "recovered": 21, "median_s": 36.2,
+                        "max_s": 90.0, "median_after_s": 36.2, "median_cycles_after_up": 1.5},
+                       {"kind": "cut", "scheduled": 20, "injected": 11, "recovered": 11, "median_s": 60.0,
+                        "max_s": 99.0, "median_after_s": 17.0, "median_cycles_after_up": nan}],
+           "resources": [{"process": "driver", "figure": "rss_mb", "first": 1, "last": 2, "peak": 520.0, "q2": 500.0,
+                          "q4": 510.0},
+                         {"process": "spark blocks", "figure": "storage_mb", "first": 0, "last": 0, "peak": 1.0,
+                          "q2": nan, "q4": 0.5}]}
+    f = results.campaign_figure
+    assert (f(doc, "injected"), f(doc, "recovered:cut"), f(doc, "scheduled:kill"), f(doc, "restarts")) == (33, 11, 30, 7)
+    assert (f(doc, "median_s:kill"), f(doc, "median_after_s:cut"), f(doc, "median_cycles_after_up:kill")) == \
+        (36.2, 17.0, 1.5)
+    assert f(doc, "median_cycles_after_up:cut") is None and f(doc, "median_s:stop") is None  # NaN, or no such kind
+    assert f(doc, "q4_over_q2:driver:rss_mb") == pytest.approx(1.02) and f(doc, "peak:driver:rss_mb") == 520.0
+    assert f(doc, "q4_over_q2:spark blocks:storage_mb") is None and f(doc, "final_error") == 0.0036
+    with pytest.raises(ValueError):
+        f(doc, "no_such_figure")
+    figure = {"from": "x.json", "metric": "campaign:final_error", "scale": 100, "n": 1, "median": 0.36,
+              "min": 0.36, "max": 0.36, "format": "{median:.2f}%"}
+    assert results.problems({**results.load("rivals-k4"), "rows": [{k: figure for k in
+                                                                    [c["key"] for c in results.load("rivals-k4")["columns"]]}]},
+                            "rivals-k4") == []  # a campaign figure needs no series
