@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import glob
 import json
 import math
 import os
@@ -91,6 +92,8 @@ class Fault:
     recovered_s: Optional[float] = None  # from injection to the end of the first cycle counting the agent again
     replacement_up_s: Optional[float] = None  # kill: from injection to its replacement executor's JVM starting
     cycles_after_up: Optional[int] = None  # kill: cycles that ended from then to its recovery, that one included
+    agent_up_s: Optional[float] = None  # kill: from injection to its replacement agent's model being built
+    cycles_after_agent_up: Optional[int] = None  # kill: cycles that ended from then to its recovery
 
 
 def parse_kinds(text: str) -> Dict[str, float]:
@@ -175,7 +178,8 @@ def recovered_after(fault: Fault, cycles: Sequence[dict]) -> Optional[float]:
 # --------------------------------------------------------------------------- inside the agents
 class Announced(nn.Module):
     """``inner``, whose process writes ``<directory>/agent-<partition>`` (its pid; atomically replaced) when
-    built, and whose next forward pass returns NaN once ``<directory>/nan-<partition>`` exists (it removes it)."""
+    built — and appends its agent, pid and the time to ``<directory>/announced.jsonl`` — and whose next forward
+    pass returns NaN once ``<directory>/nan-<partition>`` exists (it removes it)."""
 
     def __init__(self, inner: nn.Module, directory: str):
         super().__init__()
@@ -189,6 +193,8 @@ class Announced(nn.Module):
             with open(tmp, "w") as f:
                 f.write(str(os.getpid()))
             os.replace(tmp, os.path.join(directory, f"agent-{self.agent}"))
+            with open(os.path.join(directory, "announced.jsonl"), "a") as f:  # one short line: one write
+                f.write(json.dumps({"agent": self.agent, "pid": os.getpid(), "t": time.time()}) + "\n")
 
     def forward(self, x):
         out = self.inner(x)
@@ -218,15 +224,15 @@ def _cmdline(pid: int) -> bytes:
 
 
 def started_at(pid: int) -> Optional[float]:
-    """When process ``pid`` started, wall-clock seconds (from /proc; None if it is gone)."""
+    """When process ``pid`` started, wall-clock seconds, to 1/100 s (from /proc; None if it is gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
     except (FileNotFoundError, ProcessLookupError):
         return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def process_figures(pid: int) -> Optional[Dict[str, float]]:
@@ -464,22 +470,55 @@ def redone(fault: Fault, cycles: Sequence[dict]) -> Optional[int]:
     return (max(before) + 1 if before else 0) - first
 
 
-def after_replacement(fault: Fault, arrivals: Sequence[dict], cycles: Sequence[dict]) -> Tuple[Optional[float],
-                                                                                             Optional[int]]:
-    """For a kill: seconds from the injection to the start of the agent's replacement executor (the first of its
-    processes seen after the fault whose executor JVM started after it), and the cycles that ended from then to
-    the agent's recovery, the recovering one included (the target: ≤ 2); None where there is none."""
+def announced_agents(directory: str, seen: Sequence[dict]) -> List[dict]:
+    """Every agent process announced in the drivers' incarnations under ``directory`` (``inc-*/agents/
+    announced.jsonl``: agent, pid, when its model was built), in time order, each with its executor JVM's start
+    where the sampler saw the process (``seen``: agent, pid, executor_started)."""
+    started = {a["pid"]: a.get("executor_started") for a in seen}
+    out = []
+    for path in sorted(glob.glob(os.path.join(directory, "inc-*", "agents", "announced.jsonl"))):
+        with open(path) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:  # a line cut short by a kill
+                    continue
+                out.append({"agent": row["agent"], "pid": row["pid"], "announced": row["t"],
+                            "executor_started": started.get(row["pid"])})
+    return sorted(out, key=lambda a: a["announced"])
+
+
+def after_replacement(fault: Fault, arrivals: Sequence[dict], cycles: Sequence[dict]) -> Dict[str, Any]:
+    """For a kill: its agent's replacement — the first process of that agent announced after the injection
+    (:func:`announced_agents`) — its executor JVM's start and its own start (model built) in seconds from the
+    injection, and the cycles that ended from each to the agent's recovery, the recovering one included (the
+    target: ≤ 2 after the replacement executor is up); None where there is none."""
+    out = dict(replacement_up_s=None, cycles_after_up=None, agent_up_s=None, cycles_after_agent_up=None)
     if fault.kind != "kill" or fault.injected_at is None:
-        return None, None
-    ups = [a["executor_started"] for a in arrivals if a["agent"] == fault.agent
-           and a["executor_started"] is not None and a["executor_started"] >= fault.injected_at]
-    if not ups:
-        return None, None
-    up = min(ups)
-    if fault.recovered_s is None:
-        return up - fault.injected_at, None
-    back = fault.injected_at + fault.recovered_s
-    return up - fault.injected_at, sum(1 for c in cycles if up < c["t_end"] <= back + 1e-6)
+        return out
+    nxt = next((a for a in arrivals if a["agent"] == fault.agent and a["announced"] > fault.injected_at), None)
+    if nxt is None:
+        return out
+    back = fault.injected_at + fault.recovered_s if fault.recovered_s is not None else None
+    for key, at in (("replacement_up_s", nxt["executor_started"]), ("agent_up_s", nxt["announced"])):
+        if at is None:
+            continue
+        out[key] = at - fault.injected_at
+        if back is not None:
+            n = sum(1 for c in cycles if at < c["t_end"] <= back + 1e-6)
+            out["cycles_after_up" if key == "replacement_up_s" else "cycles_after_agent_up"] = n
+    return out
+
+
+def measure(faults: Sequence[Fault], cycles: Sequence[dict], arrivals: Sequence[dict]) -> None:
+    """Each fault's recovery, and for a kill its replacement's timing, for a driver kill the cycles run again."""
+    for f in faults:
+        f.recovered_s = recovered_after(f, cycles)
+        for key, value in after_replacement(f, arrivals, cycles).items():
+            setattr(f, key, value)
+        if f.kind == "driver" and f.injected_at is not None:
+            n = redone(f, cycles)
+            f.outcome = None if n is None else f"{n} cycles run again"
 
 
 def summary(faults: Sequence[Fault]) -> List[dict]:
@@ -491,11 +530,14 @@ def summary(faults: Sequence[Fault]) -> List[dict]:
         times = [f.recovered_s for f in of if f.recovered_s is not None]
         after = [f.recovered_s - f.hold_s for f in of if f.recovered_s is not None]
         cycles_up = [f.cycles_after_up for f in of if f.cycles_after_up is not None]
+        cycles_agent_up = [f.cycles_after_agent_up for f in of if f.cycles_after_agent_up is not None]
         rows.append({"kind": kind, "scheduled": len(of), "injected": sum(f.injected_at is not None for f in of),
                      "recovered": len(times), "median_s": statistics.median(times) if times else math.nan,
                      "max_s": max(times) if times else math.nan,
                      "median_after_s": statistics.median(after) if after else math.nan,
-                     "median_cycles_after_up": statistics.median(cycles_up) if cycles_up else math.nan})
+                     "median_cycles_after_up": statistics.median(cycles_up) if cycles_up else math.nan,
+                     "median_cycles_after_agent_up": (statistics.median(cycles_agent_up) if cycles_agent_up
+                                                      else math.nan)})
     return rows
 
 
@@ -571,6 +613,11 @@ def main(argv=None) -> int:
         with open(args.report) as f:
             out = json.load(f)
         faults = [Fault(**f) for f in out["faults"]]
+        if "cycle_rows" in out:  # kept from this version on: everything measured again from the drivers' lines
+            cycles = [dict(c, weight={int(a): w for a, w in c["weight"].items()},
+                           calls={int(a): t for a, t in c.get("calls", {}).items()}) for c in out["cycle_rows"]]
+            measure(faults, cycles, out.get("arrivals", []))
+            out["faults"] = [asdict(f) for f in faults]
         out.update(summary=summary(faults), outcomes=outcome_table(faults), resources=resource_table(out["samples"]))
         print(report(out))
         if args.update:
@@ -642,14 +689,10 @@ def main(argv=None) -> int:
                 campaign.restore_links()
         cycles = read_cycles(directory)
         attach_storage(campaign.samples, cycles, t0)
-        for f in faults:
-            f.recovered_s = recovered_after(f, cycles)
-            f.replacement_up_s, f.cycles_after_up = after_replacement(f, campaign.arrivals, cycles)
-            if f.kind == "driver" and f.injected_at is not None:
-                n = redone(f, cycles)
-                f.outcome = None if n is None else f"{n} cycles run again"
+        arrivals = announced_agents(directory, campaign.arrivals)
+        measure(faults, cycles, arrivals)
         out.update(faults=[asdict(f) for f in faults], incarnations=campaign.incarnation + 1, cycles=len(cycles),
-                   arrivals=campaign.arrivals)
+                   arrivals=arrivals, cycle_rows=cycles)
         if "run_failed" in final:
             injected = sum(f.injected_at is not None for f in faults)
             print(f"[campaign] the run failed after {injected} faults ({time.time() - t0:.0f} s): "
@@ -686,11 +729,12 @@ def report(out: dict) -> str:
              f"incarnation(s), seed {out['seed']}; final holdout error {out['final_error']:.4f}" +
              (f" (no faults: {out['reference_final_error']:.4f})" if "reference_final_error" in out else ""),
              f"{'fault':<12} {'scheduled':>9} {'injected':>8} {'recovered':>9} {'median s':>9} {'longest s':>9} "
-             f"{'median s after it ended':>23} {'median cycles after replacement up':>34}"]
+             f"{'median s after it ended':>23} {'median cycles after replacement executor | agent up':>52}"]
     for r in out["summary"]:
         lines.append(f"{r['kind']:<12} {r['scheduled']:>9} {r['injected']:>8} {r['recovered']:>9} "
                      f"{r['median_s']:>9.1f} {r['max_s']:>9.1f} {r['median_after_s']:>23.1f} "
-                     f"{r.get('median_cycles_after_up', math.nan):>34.1f}")
+                     f"{r.get('median_cycles_after_up', math.nan):>43.1f} | "
+                     f"{r.get('median_cycles_after_agent_up', math.nan):>6.1f}")
     lines.append(f"{'fault':<12} {'count':>5}  outcome")
     for r in out["outcomes"]:
         lines.append(f"{r['fault']:<12} {r['count']:>5}  {r['outcome'][:90]}")

@@ -44,7 +44,7 @@ A cell is text, a *figure*, or a list of them (joined without separators).  A fi
   target, one seed, ``n`` = 1), or ``campaign:<figure>`` (``"from"`` a ``python -m lab.campaign --json`` file, no
   ``series``, ``n`` = 1; ``"scale"`` as above): ``injected``, ``recovered`` or ``scheduled`` (every kind, or
   ``…:<kind>``), ``median_s:<kind>``, ``max_s:<kind>``, ``median_after_s:<kind>``,
-  ``median_cycles_after_up:<kind>`` (the campaign's summary), ``final_error``, ``reference_final_error``,
+  ``median_cycles_after_up:<kind>``, ``median_cycles_after_agent_up:<kind>`` (the campaign's summary), ``final_error``, ``reference_final_error``,
   ``restarts`` (driver incarnations − 1), ``peak:<process>:<figure>`` and ``q4_over_q2:<process>:<figure>`` (its
   resource table: the last quarter's median over the second's).  ``format`` is a Python
   format string over ``median``, ``min``, ``max``, ``n``, ``reached`` (the repeats that reached the target);
@@ -118,7 +118,7 @@ def campaign_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
         return doc["incarnations"] - 1
     if what in ("injected", "recovered", "scheduled"):
         return sum(r[what] for r in doc["summary"] if not args or r["kind"] == args[0])
-    if what in ("median_s", "max_s", "median_after_s", "median_cycles_after_up"):
+    if what in ("median_s", "max_s", "median_after_s", "median_cycles_after_up", "median_cycles_after_agent_up"):
         return next((_finite(r.get(what)) for r in doc["summary"] if r["kind"] == args[0]), None)
     if what in ("peak", "q4_over_q2"):
         row = next((r for r in doc["resources"] if [r["process"], r["figure"]] == args), None)

@@ -109,22 +109,26 @@ def test_decommissions_come_in_the_last_quarter_at_most_k_minus_1_on_distinct_ag
 
 
 def test_a_killed_agent_is_timed_from_its_replacement_executors_start_in_cycles():
-    """after_replacement: the first process of the agent seen after the kill whose executor started after it;
-    the cycles that ended from that start to the recovery, the recovering cycle included."""
+    """after_replacement: the first process of the agent announced after the kill is its replacement; from its
+    executor's start and from its own (its model built), the cycles that ended up to the recovery, the recovering
+    cycle included."""
     from lab.campaign import after_replacement
 
     cycles = [{"t_submit": t - 0.5, "t_end": t, "weight": {0: 1.0}} for t in (101.0, 110.0, 112.0, 113.0, 114.0)]
-    arrivals = [{"agent": 1, "pid": 10, "executor_started": 90.0},  # the killed one
-                {"agent": 0, "pid": 11, "executor_started": 105.0},  # another agent's
-                {"agent": 1, "pid": 12, "executor_started": None},  # gone before its executor was read
-                {"agent": 1, "pid": 13, "executor_started": 109.0}]  # the replacement
+    arrivals = [{"agent": 1, "pid": 10, "announced": 91.0, "executor_started": 90.0},  # the killed one
+                {"agent": 0, "pid": 11, "announced": 105.0, "executor_started": 104.0},  # another agent's
+                {"agent": 1, "pid": 13, "announced": 111.0, "executor_started": 99.6},  # the replacement: its JVM
+                # started within /proc's precision of the kill, its model 11 s later
+                {"agent": 1, "pid": 14, "announced": 130.0, "executor_started": 129.0}]  # a later one
     kill = Fault(0.0, "kill", 1, injected_at=100.0, recovered_s=13.0)  # counted again in the cycle ending at 113
-    assert after_replacement(kill, arrivals, cycles) == (9.0, 3)  # up at 109: cycles ending 110, 112, 113
-    assert after_replacement(Fault(0.0, "kill", 1, injected_at=100.0), arrivals, cycles) == (9.0, None)
-    assert after_replacement(Fault(0.0, "kill", 0, injected_at=106.0, recovered_s=4.0), arrivals, cycles) == \
-        (None, None)  # no replacement seen
-    assert after_replacement(Fault(0.0, "stop", 1, injected_at=100.0, recovered_s=13.0), arrivals, cycles) == \
-        (None, None)
+    got = after_replacement(kill, arrivals, cycles)
+    assert got == pytest.approx({"replacement_up_s": -0.4, "cycles_after_up": 4, "agent_up_s": 11.0,
+                                 "cycles_after_agent_up": 2})  # cycles ending 101, 110, 112, 113 | 112, 113
+    unrecovered = after_replacement(Fault(0.0, "kill", 1, injected_at=100.0), arrivals, cycles)
+    assert unrecovered["agent_up_s"] == 11.0 and unrecovered["cycles_after_up"] is None
+    none = {"replacement_up_s": None, "cycles_after_up": None, "agent_up_s": None, "cycles_after_agent_up": None}
+    assert after_replacement(Fault(0.0, "kill", 0, injected_at=106.0, recovered_s=4.0), arrivals, cycles) == none
+    assert after_replacement(Fault(0.0, "stop", 1, injected_at=100.0, recovered_s=13.0), arrivals, cycles) == none
     import os
     import time
 
@@ -132,6 +136,19 @@ def test_a_killed_agent_is_timed_from_its_replacement_executors_start_in_cycles(
 
     assert time.time() - 3600 < started_at(os.getpid()) <= time.time()  # this test's process: minutes ago
     assert started_at(1) <= started_at(os.getpid()) and started_at(2 ** 22 + 7) is None
+
+
+def test_the_agents_announced_in_every_incarnation_come_back_in_time_order_with_their_executors_start(tmp_path):
+    from lab.campaign import announced_agents
+
+    for inc, rows in ((0, [(0, 10, 5.0), (1, 11, 6.0)]), (1, [(1, 21, 40.0), (0, 20, 39.0)])):
+        agents = tmp_path / f"inc-{inc}" / "agents"
+        agents.mkdir(parents=True)
+        text = "".join(json.dumps({"agent": a, "pid": p, "t": t}) + "\n" for a, p, t in rows)
+        (agents / "announced.jsonl").write_text(text + ('{"agent": 1, "pi' if inc == 1 else ""))  # a cut line
+    got = announced_agents(str(tmp_path), [{"agent": 0, "pid": 20, "executor_started": 37.5}])
+    assert [(a["agent"], a["pid"], a["announced"], a["executor_started"]) for a in got] == \
+        [(0, 10, 5.0, None), (1, 11, 6.0, None), (0, 20, 39.0, 37.5), (1, 21, 40.0, None)]
 
 def test_cycles_are_read_back_without_a_killed_drivers_cut_line_and_the_cycles_run_again_counted(tmp_path):
     rows = [{"inc": 0, "cycle": c, "t_submit": 10.0 + c, "t_end": 10.5 + c, "weight": {"0": 1.0}} for c in range(7)]
@@ -151,13 +168,14 @@ def test_cycles_are_read_back_without_a_killed_drivers_cut_line_and_the_cycles_r
 
 
 def test_the_summary_counts_per_kind_and_the_resources_give_first_last_and_peak():
-    faults = [Fault(1.0, "kill", 0, injected_at=1.0, recovered_s=4.0, cycles_after_up=1),
-              Fault(2.0, "kill", 1, injected_at=2.0, recovered_s=10.0, cycles_after_up=4),
+    faults = [Fault(1.0, "kill", 0, injected_at=1.0, recovered_s=4.0, cycles_after_up=1, cycles_after_agent_up=1),
+              Fault(2.0, "kill", 1, injected_at=2.0, recovered_s=10.0, cycles_after_up=4, cycles_after_agent_up=2),
               Fault(3.0, "kill", 1, injected_at=3.0), Fault(4.0, "nan", 0), Fault(5.0, "nan", 1, injected_at=5.0,
                                                                                    recovered_s=1.0)]
     rows = {r["kind"]: r for r in summary(faults)}
     assert rows["kill"] == {"kind": "kill", "scheduled": 3, "injected": 3, "recovered": 2, "median_s": 7.0,
-                            "max_s": 10.0, "median_after_s": 7.0, "median_cycles_after_up": 2.5}
+                            "max_s": 10.0, "median_after_s": 7.0, "median_cycles_after_up": 2.5,
+                            "median_cycles_after_agent_up": 1.5}
     cuts = [Fault(1.0, "cut", 0, hold_s=20.0, injected_at=1.0, recovered_s=26.0),
             Fault(2.0, "cut", 1, hold_s=5.0, injected_at=2.0, recovered_s=9.0)]
     assert summary(cuts)[0]["median_s"] == 17.5 and summary(cuts)[0]["median_after_s"] == 5.0  # (6 + 4) / 2
