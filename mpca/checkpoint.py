@@ -53,6 +53,13 @@ class Checkpoint:
     wire: Optional[Dict[str, Any]] = None  # the driver's error-feedback residuals (lossy wire formats)
 
 
+def due(cycles: int, every_cycles: int, since_last_s: float, every_seconds: Optional[float]) -> bool:
+    """Whether a checkpoint is due after ``cycles`` cycles of the run: every ``every_cycles``-th, or once
+    ``every_seconds`` have passed since the last one (the run's start before the first) — a run whose cycles are
+    slow, or whose driver is restarted more often than it runs ``every_cycles`` cycles, still gets them."""
+    return cycles % every_cycles == 0 or (every_seconds is not None and since_last_s >= every_seconds)
+
+
 def check_location(location: str) -> None:
     """Fail now, with one line, when a checkpoint URI names no filesystem this machine can reach."""
     storage.check_location(location)

@@ -262,6 +262,9 @@ class EvalSection(_Strict):
 class CheckpointSection(_Strict):
     dir: Optional[str] = Field(None, description="local path or URI (file://, hdfs://, s3://); jobs: <output_dir>/checkpoints")
     every_cycles: int = Field(20, ge=1, description="write a checkpoint every this many cycles")
+    every_seconds: Optional[float] = Field(300.0, gt=0, description="also write one when this many seconds have "
+                                           "passed since the last (or the run's start), however few cycles ran: a "
+                                           "driver that dies loses at most this much (None: by cycles only)")
     keep: int = Field(3, ge=1, description="how many of the newest checkpoints are kept")
     resume: bool = Field(False, description="continue from the newest valid checkpoint in checkpoint.dir (also "
                          "with another number of agents)")

@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from mpca.algorithm import DriverRule
+from mpca.checkpoint import due as checkpoint_due
 from mpca.config import Settings, settings_from
 from mpca.errors import RunFailedError, UserError
 from mpca.evaluation import BackgroundEvaluator, EvalResult, SampleRate, evaluate
@@ -348,6 +349,7 @@ class _RunLoop:
         self.stop = StopRules(st.stop, out.t0, trainer.stop_requested, self.metric)
         self.rate = SampleRate()
         self.last_eval, self.eval_wanted = time.time(), False
+        self.last_checkpoint = time.time()
 
     def holdout_ready(self, wait_s: float = 0.0) -> bool:
         """Whether the evaluator has the holdout: the agents set it aside as their rows arrive, so it is asked for
@@ -410,8 +412,10 @@ class _RunLoop:
             if self.eval_wanted and self.evaluator.submit(run.joint_vectors(), c, time.time() - t0, rec.agents,
                                                           epochs, run.metrics, sps, present=membership[0]):
                 self.last_eval, self.eval_wanted = time.time(), False  # one it had no room for: next cycle
-        if self.st.checkpoint.dir and out.cycles % self.st.checkpoint.every_cycles == 0:
+        ck = self.st.checkpoint
+        if ck.dir and checkpoint_due(out.cycles, ck.every_cycles, time.time() - self.last_checkpoint, ck.every_seconds):
             self.checkpoint(out.cycles, time.time() - t0)
+            self.last_checkpoint = time.time()
         self.progress.update(out.cycles, None, sum(sps.values()) if sps else None, agents=membership)
         met = self.rows()
         out.stop_reason = self.stop.reason(out.cycles, epochs, met)

@@ -88,3 +88,17 @@ def test_the_driver_wire_residuals_survive_a_checkpoint(tmp_path):
     assert sorted(again.residual) == [0, 2]
     for k in (0, 2):
         assert np.array_equal(again.residual[k], sender.residual[k]) and np.abs(sender.residual[k]).max() > 0
+
+
+def test_a_checkpoint_is_due_every_n_cycles_or_once_enough_time_passed_since_the_last():
+    """checkpoint.due: the campaign's DDP run restarted its driver every ~70 s and ran ~9 cycles per incarnation
+    (slow ones while links were cut), so every_cycles = 20 alone never wrote a checkpoint and every resume started
+    from the beginning; every_seconds bounds what a dead driver loses."""
+    from mpca.checkpoint import due
+    from mpca.config import settings_from
+
+    assert due(20, 20, 1.0, 300.0) and due(40, 20, 0.0, None)  # by cycles, whatever the time
+    assert not due(9, 20, 299.9, 300.0) and due(9, 20, 300.0, 300.0)  # by time, however few cycles
+    assert not due(9, 20, 10_000.0, None)  # by cycles only
+    assert settings_from(input_shape=(4,)).checkpoint.every_seconds == 300.0
+    assert settings_from(input_shape=(4,), checkpoint={"every_seconds": None}).checkpoint.every_seconds is None
