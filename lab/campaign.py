@@ -21,7 +21,8 @@ draw names:
 * ``decommission`` (with ``--link``): SIGPWR to the agent's Spark worker, Spark's graceful decommissioning (the
   workers and the application get ``spark.decommission.enabled``), as a spot instance's notice: the agent hands
   in its last contribution and leaves.  mpca does not bring a decommissioned agent back within a run, so these
-  come only in the run's last quarter, at most K − 1 of them; recovered once a cycle says the agent left.
+  come only in the run's last quarter, at most K − 1 of them (one whose agent is being replaced is tried again
+  each second for a minute); recovered once a cycle says the agent left.
 
 With ``--link RATE`` the campaign runs on an emulated cluster (:mod:`lab.netcluster`: network namespaces, one
 worker host per agent, a standalone master; root), the drivers on its driver host; without it on
@@ -75,6 +76,7 @@ from lab.faults import executor_of, parent_of
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import lab/
 KINDS = ("kill", "stop", "nan", "corrupt", "driver", "cut", "decommission")
 DECOMMISSION_FROM = 0.75  # decommissions come in the run's last quarter: their agents leave the run for good
+DECOMMISSION_RETRY_S = 60.0  # a decommission whose agent has no process is tried again each second this long
 DRIVER = -1  # the agent field of a driver fault
 
 
@@ -376,7 +378,18 @@ class Campaign:
         for fault in self.faults:
             if self.stopped.wait(max(0.0, t0 + fault.t - time.time())):
                 return
+            if fault.kind == "decommission":  # rare (at most K - 1): tried again while its agent is being replaced
+                threading.Thread(target=self._until_injected, args=(fault,), daemon=True).start()
+            else:
+                self.inject(fault)
+
+    def _until_injected(self, fault: Fault, within_s: float = DECOMMISSION_RETRY_S) -> None:
+        """Inject ``fault``, again each second while its agent has no process, for at most ``within_s``."""
+        deadline = time.time() + within_s
+        while True:
             self.inject(fault)
+            if fault.injected_at is not None or time.time() >= deadline or self.stopped.wait(1.0):
+                return
 
     def sample(self, t0: float, agents: int) -> None:
         jvm: Dict[int, Optional[int]] = {}

@@ -269,3 +269,25 @@ def test_each_broken_message_is_refused_and_the_agent_still_serves(agent_socket,
         bad_frames.send("malformed", path, None)
     with pytest.raises(ValueError, match="unknown variant"):
         bad_frames.send("bitflip", path, secret)
+
+
+def test_a_decommission_whose_agent_is_being_replaced_is_tried_again_until_it_lands(tmp_path, monkeypatch):
+    """Campaign._until_injected: in runs 8 and 9 the one decommission came while its agent was being replaced and
+    was never injected; now it is tried each second (for a minute), and given up after that."""
+    from lab.campaign import Campaign
+
+    campaign, tries = Campaign(str(tmp_path), []), []
+
+    def inject(fault):  # agent 1 has a process again at the third try, agent 0 never
+        tries.append(fault.kind)
+        if len(tries) == 3 and fault.agent == 1:
+            fault.injected_at = 1.0
+
+    monkeypatch.setattr(campaign, "inject", inject)
+    fault = Fault(0.0, "decommission", 1)
+    campaign._until_injected(fault, within_s=30.0)
+    assert fault.injected_at == 1.0 and tries == ["decommission"] * 3
+    tries.clear()
+    never = Fault(0.0, "decommission", 0)
+    campaign._until_injected(never, within_s=1.5)  # gives up
+    assert never.injected_at is None and 2 <= len(tries) <= 3
