@@ -472,10 +472,12 @@ def read_cycles(directory: str) -> List[dict]:
 
 
 def redone(fault: Fault, cycles: Sequence[dict]) -> Optional[int]:
-    """For a driver fault: the cycles the resumed driver ran again — the last cycle any driver ended before the
-    kill, + 1, − the first cycle of the next driver that ran one (what was done after the newest checkpoint);
-    None if none followed."""
-    before = [c["cycle"] for c in cycles if c["t_end"] <= fault.injected_at]
+    """For a driver fault: the cycles the resumed driver ran again — the last cycle the latest driver that ended
+    one ended before the kill, + 1, − the first cycle of the next driver that ran one (what was done after the
+    newest checkpoint; a driver resumed from no checkpoint starts again at 0); None if none followed."""
+    ended = [c for c in cycles if c["t_end"] <= fault.injected_at]
+    latest = max((c["inc"] for c in ended), default=None)
+    before = [c["cycle"] for c in ended if c["inc"] == latest]
     after = [c for c in cycles if c["t_submit"] >= fault.injected_at]
     if not after:
         return None

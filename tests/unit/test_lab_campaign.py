@@ -164,6 +164,12 @@ def test_cycles_are_read_back_without_a_killed_drivers_cut_line_and_the_cycles_r
     # a driver killed while it started (no cycle of its own): counted from the last cycle any driver ended
     assert redone(Fault(0.0, "driver", DRIVER, injected_at=30.0, incarnation=7), cycles) == 2
     assert redone(Fault(0.0, "driver", DRIVER, injected_at=48.0, incarnation=1), cycles) is None  # none followed
+    # DDP's run 9: no checkpoint yet, so each resumed driver started again at cycle 0; a driver that ran cycles
+    # 0-2 (after one that ran 0-17) and was killed redid 3 of them, not 18
+    again = [{"inc": 0, "cycle": c, "t_submit": c, "t_end": c + 0.5} for c in range(18)]
+    again += [{"inc": 1, "cycle": c, "t_submit": 50 + c, "t_end": 50.5 + c} for c in range(3)]
+    again += [{"inc": 2, "cycle": c, "t_submit": 90 + c, "t_end": 90.5 + c} for c in range(2)]
+    assert redone(Fault(0.0, "driver", DRIVER, injected_at=60.0, incarnation=1), again) == 3
     assert read_cycles(str(tmp_path / "nothing")) == []
 
 
