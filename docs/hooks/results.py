@@ -117,11 +117,11 @@ def campaign_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
     if what == "restarts":
         return doc["incarnations"] - 1
     if what in ("injected", "recovered", "scheduled"):
-        return sum(r[what] for r in doc["summary"] if not args or r["kind"] == args[0])
+        return sum(r[what] for r in doc.get("summary", []) if not args or r["kind"] == args[0])
     if what in ("median_s", "max_s", "median_after_s", "median_cycles_after_up", "median_cycles_after_agent_up"):
-        return next((_finite(r.get(what)) for r in doc["summary"] if r["kind"] == args[0]), None)
+        return next((_finite(r.get(what)) for r in doc.get("summary", []) if r["kind"] == args[0]), None)
     if what in ("peak", "q4_over_q2"):
-        row = next((r for r in doc["resources"] if [r["process"], r["figure"]] == args), None)
+        row = next((r for r in doc.get("resources", []) if [r["process"], r["figure"]] == args), None)
         if row is None:
             return None
         if what == "peak":
