@@ -71,7 +71,7 @@ from pyspark import cloudpickle
 from torch import nn
 
 from lab import bad_frames
-from lab.faults import executor_of, parent_of
+from lab.faults import executor_of, parent_of, stat_fields
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import lab/
 KINDS = ("kill", "stop", "nan", "corrupt", "driver", "cut", "decommission")
@@ -228,8 +228,7 @@ def _cmdline(pid: int) -> bytes:
 def started_at(pid: int) -> Optional[float]:
     """When process ``pid`` started, wall-clock seconds, to 1/100 s (from /proc; None if it is gone)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        ticks = int(stat_fields(pid)[19])
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
     except (FileNotFoundError, ProcessLookupError):

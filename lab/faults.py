@@ -71,10 +71,16 @@ def _first(marker: str) -> bool:
     return True
 
 
+def stat_fields(pid: int) -> list:
+    """The fields of ``/proc/<pid>/stat`` after the command name (index 0: the state, 1: the parent, 19: the start
+    in clock ticks after boot); FileNotFoundError when the process is gone."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def parent_of(pid: int) -> int:
     """The parent process of ``pid`` (from /proc; FileNotFoundError when it is gone)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    return int(stat_fields(pid)[1])
 
 
 def executor_of(pid: int) -> Optional[int]:

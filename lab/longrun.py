@@ -18,6 +18,8 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from lab.faults import parent_of
+
 
 def _rss_mb(pid: int) -> float:
     try:
@@ -35,8 +37,7 @@ def _children(pids: List[int]) -> List[int]:
     parent: Dict[int, int] = {}
     for p in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{p}/stat") as f:
-                parent[int(p)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            parent[int(p)] = parent_of(int(p))
         except OSError:
             continue
     found, frontier = [], set(pids)

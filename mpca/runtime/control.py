@@ -117,11 +117,14 @@ def holdout(jobs: ExchangeJobs, max_rows: int, wait_s: float = 0.0) -> Optional[
     of all those — together the ``max_rows`` rows of smallest hash (more only where hashes tie); each agent's
     answer as (header, payload).  None while some agent is still loading — or cannot be reached, its executor
     lost and its replacement not yet listening (it loads its rows again and sets the same ones aside) — after
-    ``wait_s`` of asking again."""
+    ``wait_s`` of asking again; at once, without a job, when ``wait_s`` is 0 and the roster counts an agent
+    absent (the driver asks after each cycle: no control jobs every cycle while an agent is away)."""
     from mpca.data.holdout import holdout_cut_off
 
     deadline = time.time() + wait_s
     agents = sorted(jobs.roster.agents)
+    if not wait_s and any(a in jobs.roster.absent for a in agents):  # asked after a cycle: not while one is away
+        return None
     while True:
         hashes = _ask_every_agent(jobs, agents, "holdout-hashes", {})
         if len(hashes) == len(agents) and all(not h.get("loading") for h, _ in hashes.values()):

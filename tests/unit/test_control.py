@@ -27,7 +27,7 @@ class _Jobs:
     def __init__(self, lost: int):
         import types
 
-        self.roster = types.SimpleNamespace(agents=[0, 1])
+        self.roster = types.SimpleNamespace(agents=[0, 1], absent={})
         self.lost, self.jobs = lost, 0
 
     def plan(self, token, op, only_agents, params):
@@ -61,3 +61,6 @@ def test_the_holdout_waits_for_an_agent_whose_executor_was_replaced_rather_than_
     jobs = _Jobs(lost=STOP_ATTEMPTS + 2)  # back within the wait: the first round of jobs missed it
     assert holdout(jobs, max_rows=4, wait_s=30.0) == [({"rows": 0}, b"rows-of-0"), ({"rows": 1}, b"rows-of-1")]
     assert jobs.jobs > STOP_ATTEMPTS
+    away = _Jobs(lost=0)
+    away.roster.absent = {1: 100.0}  # the roster counts agent 1 absent: after a cycle, no job is run for it
+    assert holdout(away, max_rows=4, wait_s=0.0) is None and away.jobs == 0
