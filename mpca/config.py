@@ -6,6 +6,7 @@ Every mistake — an unknown key, a wrong type, an impossible value — becomes 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Dict, List, Literal, Optional
 
 import yaml
@@ -278,7 +279,8 @@ class CheckpointSection(_Strict):
 
 
 class ClusterSection(_Strict):
-    master: str = Field("existing", description="local-cluster[K,C,MB] or 'existing' (the active session)")
+    master: str = Field("existing", description="local-cluster[K,C,MB], 'existing' (the active session) or "
+                        "sc://HOST:PORT (a Spark Connect server)")
     executor_wait_s: float = Field(60.0, gt=0, description="seconds to wait for executors with room for the agents "
                                    "(one executor each, or fewer with several GPUs or agent slots each)")
     agent_start_timeout_s: float = Field(180.0, gt=0, description="how long the driver waits for the agents to "
@@ -291,6 +293,15 @@ class ClusterSection(_Strict):
     service_host: Optional[str] = Field(None, description="address executors reach the driver's parameter service "
                                         "at (default: spark.driver.host)")
     service_port: int = Field(0, ge=0, le=65535, description="port of the parameter service (0: any free port)")
+    connect_dir: Optional[str] = Field(None, description="a Spark Connect session's runs: a directory the client "
+                                       "and the executors both reach (a Databricks volume /Volumes/..., a cloud "
+                                       "path s3://...), where the run's coordinator and agents find each other and "
+                                       "its progress and result come back (default: a temporary directory, where "
+                                       "the cluster runs on the client's machine)")
+    client_gone_s: float = Field(60.0, gt=0, description="a Spark Connect run: how long its coordinator goes on "
+                                 "without word from the client (it says it is there every few seconds) before it "
+                                 "stops the run as interrupted, writing its checkpoint and result (a client's "
+                                 "session dying does not end the jobs it started)")
     gpus: Any = Field("auto", description="GPUs per executor of a local-cluster master: auto (one when this host "
                       "has CUDA devices, the agents then train on them, sharing them when fewer than the executors), "
                       "none, or a number; another cluster's GPUs come from its own spark.executor.resource.gpu.*")
@@ -325,16 +336,19 @@ class ClusterSection(_Strict):
             return local.master
         if v == "existing":
             return v
-        if v.startswith("sc://"):
-            raise ValueError("a Spark Connect address (sc://...): mpca needs classic Spark (RDDs and long-lived "
-                             "tasks); run on the cluster with spark-submit or a dedicated/single-user cluster")
+        if v.startswith("sc://"):  # a Spark Connect server: the run's driver side goes into the cluster
+            if not re.fullmatch(r"sc://[^/:;\s]+(:\d{1,5})?/?(;[^\s]*)?", v):
+                raise ValueError(f"{v!r} is not a Spark Connect address: sc://HOST[:PORT][/;param=value;...]")
+            return v
         if v.startswith("local"):
             raise ValueError("use local-cluster[K,2,1024] (plain local[*] has no executors for agents)")
-        raise ValueError("use 'existing' (the session of spark-submit/the notebook) or local-cluster[K,C,MB]")
+        raise ValueError("use 'existing' (the session of spark-submit/the notebook, or SPARK_REMOTE's Spark Connect "
+                         "server), sc://HOST:PORT (a Spark Connect server) or local-cluster[K,C,MB]")
 
 
 class JobClusterSection(ClusterSection):
-    master: str = Field("local-cluster[2,2,1024]", description="local-cluster[K,C,MB] or 'existing' (spark-submit)")
+    master: str = Field("local-cluster[2,2,1024]", description="local-cluster[K,C,MB], 'existing' (spark-submit, "
+                        "or the Spark Connect server SPARK_REMOTE names) or sc://HOST:PORT (a Spark Connect server)")
 
 
 class Settings(_Strict):
@@ -459,6 +473,7 @@ SHORTCUTS = {
     "resume": "checkpoint.resume", "init_from": "checkpoint.init_from",
     "executor_wait_s": "cluster.executor_wait_s", "agent_start_timeout_s": "cluster.agent_start_timeout_s",
     "service_host": "cluster.service_host", "service_port": "cluster.service_port",
+    "connect_dir": "cluster.connect_dir", "client_gone_s": "cluster.client_gone_s",
     "min_agents": "training.min_agents", "agent_wait_s": "cluster.agent_wait_s",
     "agent_lost_timeout_s": "cluster.agent_lost_timeout_s", "timeline_window": "training.timeline_window",
     "device_step_s": "training.device_step_s", "wire": "wire.format",

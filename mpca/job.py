@@ -141,7 +141,7 @@ def dry_run(cfg: JobConfig, spark=None) -> int:
     from mpca.config import resolved_yaml
     from mpca.data.checks import check_dataframe
     from mpca.models import check_model_name
-    from mpca.runtime.cluster import agents_fit, require_classic
+    from mpca.runtime.cluster import agents_fit, is_connect
 
     out = cfg.run.output_dir
     if storage.is_uri(out):
@@ -149,24 +149,26 @@ def dry_run(cfg: JobConfig, spark=None) -> int:
     elif not _creatable(out) and not (os.path.isdir(out) and os.access(out, os.W_OK)):
         raise UserError(f"run.output_dir {out!r} cannot be created or written; choose a writable directory")
     check_model_name(cfg.model.name, cfg.model.args)
-    preflight(cfg, starting_spark=spark is None and cfg.cluster.master != "existing")
+    preflight(cfg, starting_spark=spark is None and cfg.cluster.master.startswith("local-cluster"))
     own_session = False
     if spark is None:
         spark, own_session = session_for(cfg.cluster, cfg.run.name)
     try:
-        require_classic(spark)
         _check_cluster_locations(cfg)
         d = cfg.data
         df = job_dataframe(spark, cfg.data, cfg.training.agents)
         check_dataframe(df, d.features, d.label, d.input_shape, *training_functions(cfg.model, cfg.optimizer))
-        shape, use_gpus = agents_fit(spark.sparkContext, cfg)
+        if is_connect(spark):  # a Connect client sees no executors: the agents' job waits for room if it lacks it
+            cluster = "a Spark Connect server, whose room for agents a client cannot see"
+        else:
+            shape, use_gpus = agents_fit(spark.sparkContext, cfg)
+            cluster = f"{shape.describe()}, room for {cfg.training.agents} agent(s){' on GPUs' if use_gpus else ''}"
     finally:
         if own_session:
             spark.stop()
     print(resolved_yaml(cfg), end="")
     print(f"# dry run: config, model, data ({cfg.data.dataset or cfg.data.path or cfg.data.table}) and cluster "
-          f"({shape.describe()}, room for {cfg.training.agents} agent(s){' on GPUs' if use_gpus else ''}) "
-          "are fine; nothing was trained", flush=True)
+          f"({cluster}) are fine; nothing was trained", flush=True)
     return 0
 
 
@@ -178,7 +180,7 @@ def run(cfg: JobConfig, spark=None) -> JobResult:
     out = cfg.run.output_dir
     _check_output_dir(out)
     check_model_name(cfg.model.name, cfg.model.args)
-    preflight(cfg, starting_spark=spark is None and cfg.cluster.master != "existing")
+    preflight(cfg, starting_spark=spark is None and cfg.cluster.master.startswith("local-cluster"))
     from mpca.tracking import from_config
 
     trackers = from_config(cfg.tracking)  # MLflow / TensorBoard: the config's, or MLflow's environment (before Spark)

@@ -197,32 +197,51 @@ class Trainer:
     def fit(self, df, holdout=None) -> FitResult:
         """Train on ``df`` (``data.features``, ``data.label``) until a ``stop`` rule holds.  The holdout the
         joint model is scored on is ``holdout`` where given (a DataFrame of the same columns: a split of the
-        user's, e.g. by file or by time), else ``data.holdout`` of ``df``'s rows by their hash."""
-        from mpca.checkpoint import BackgroundSaver
-        from mpca.progress import Progress
-        from mpca.runtime.run import AgentRun
+        user's, e.g. by file or by time), else ``data.holdout`` of ``df``'s rows by their hash.
 
-        from mpca.data.checks import NO_ROWS, check_dataframe, check_schema
-        from mpca.data.holdout import with_row_hash
-        from mpca.runtime.cluster import require_classic
+        On a Spark Connect session (Databricks standard or serverless compute, any ``sc://`` client) the run's
+        driver side goes into the cluster as a coordinator task, and progress and the result come back through
+        ``cluster.connect_dir`` (:mod:`mpca.connect`)."""
+        from mpca.runtime.cluster import is_connect
 
         called = time.time()
-        st = self.settings
         spark = self._session()
-        require_classic(spark)  # before any job: Spark Connect has no RDDs for agents
+        if is_connect(spark):
+            from mpca.connect.client import fit_over_connect
+
+            return fit_over_connect(self, spark, df, holdout, called)
+        from mpca.runtime.run import AgentRun
+
+        prep = self.prepare(df, holdout, called)
+        observer = observer_of(self.on_cycle)
+        observer.start(self.settings)  # a tracker (mpca.tracking): params before the run
+        ck = prep.checkpoint
+        return self.run_prepared(prep, observer, lambda: AgentRun(
+            spark, prep.agents_df, model=prep.model, model_fn=self.model_fn, loss_fn=self.loss_fn,
+            optimizer_fn=self.optimizer_fn, settings=self.settings, driver_state=ck.driver_state if ck else None,
+            pending=ck.pending if ck else None, wire_state=ck.wire if ck else None, classes=prep.classes,
+            holdout_on_agents=prep.on_agents))
+
+    def prepare(self, df, holdout, called: float) -> "Prepared":
+        """Everything before the agents start, on the driver (or a Connect client): the model (restored from a
+        checkpoint where asked), the frames and the rows' check, the holdout where the driver reads it, the
+        agents' DataFrame."""
+        from mpca.data.checks import NO_ROWS, check_dataframe, check_schema
+        from mpca.data.holdout import with_row_hash
+
+        st = self.settings
         torch.manual_seed(st.seed)
         model = self.model_fn()
         layout = st.algorithm.shard_layout(model)
         specs = [(t.name, t.numel, str(t.dtype)) for t in layout.specs]
         ck = self._restore(model, specs)
-        first_cycle, prior_wall = (ck.cycle, ck.wall_s) if ck else (0, 0.0)
         rows_df, train_df, hold_df = self._frames(df, holdout)
         d = st.data
         # The agents set the holdout aside as their rows arrive (mpca.data.holdout: the driver's own read of it
         # was a second scan of every row), except in an elastic run, whose agents may come later, or without an
         # input shape (the rows' width comes from the data): the driver reads it first, as before.
         on_agents = holdout is None and not st.training.elastic and d.holdout > 0 and bool(d.input_shape)
-        if train_df.rdd.getNumPartitions() == 0:  # limit(0), an empty local relation: known without a job
+        if _no_partitions(train_df):  # limit(0), an empty local relation: known without a job
             raise UserError(NO_ROWS)
         fns = (self.model_fn, self.loss_fn, self.optimizer_fn)
         # no row read before the agents' job where the rows' shape is given: the agents check every row they load
@@ -231,16 +250,24 @@ class Trainer:
         holdout_rows = _HoldoutRows(classes, d.label, self._calibration(model, train_df))
         if not on_agents:
             holdout_rows.take(*self._holdout(hold_df))
-        observer = observer_of(self.on_cycle)
-        observer.start(st)  # a tracker (mpca.tracking): params before the run
         agents_df = with_row_hash(rows_df, d.features, d.label, st.seed) if on_agents else train_df
-        run = AgentRun(spark, agents_df, model=model, model_fn=self.model_fn, loss_fn=self.loss_fn,
-                       optimizer_fn=self.optimizer_fn, settings=st, driver_state=ck.driver_state if ck else None,
-                       pending=ck.pending if ck else None, wire_state=ck.wire if ck else None, classes=classes,
-                       holdout_on_agents=on_agents)
+        return Prepared(model, specs, ck, classes, holdout_rows, on_agents, agents_df, called)
+
+    def run_prepared(self, prep: "Prepared", observer: RunObserver, start_run: Callable[[], object]) -> FitResult:
+        """The run itself, from the agents' start (``start_run()``: an :class:`~mpca.runtime.run.AgentRun`) to
+        the result: cycles until a stop rule holds, evaluations, checkpoints, the final model; on the classic
+        driver, or inside the cluster as a Connect run's coordinator (:mod:`mpca.connect.coordinator`)."""
+        from mpca.checkpoint import BackgroundSaver
+        from mpca.progress import Progress
+
+        st, model, specs, ck = self.settings, prep.model, prep.specs, prep.checkpoint
+        first_cycle, prior_wall = (ck.cycle, ck.wall_s) if ck else (0, 0.0)
+        holdout_rows = prep.holdout_rows
+        run = start_run()
         initial = run.joint_vectors()  # the curve's first point: the model before any agent steps
         t0 = time.time() - prior_wall
-        out = _Outcome(history=[], first_cycle=first_cycle, t0=t0, cycles=first_cycle, prepare_s=time.time() - called)
+        out = _Outcome(history=[], first_cycle=first_cycle, t0=t0, cycles=first_cycle,
+                       prepare_s=time.time() - prep.called)
         # scores queue from the start and wait for the holdout where the agents set it aside (mpca.evaluation)
         evaluator = BackgroundEvaluator(model, run.bound, st.algorithm.buffers, self.loss_fn, holdout_rows.calibration)
         if first_cycle == 0:  # the starting point of the curve: the initial model, before any agent stepped
@@ -435,6 +462,30 @@ class _RunLoop:
             if not final and not met and self.stop.target_met(row[column]):
                 met, self.out.winner = True, snapshot  # the joint model that met the target
         return met
+
+
+def _no_partitions(df) -> bool:
+    """Whether ``df`` has no partitions at all (``limit(0)``, an empty local relation), known without a job; a
+    Connect DataFrame has no RDD to ask: its rows are counted where they are read."""
+    from mpca.runtime.cluster import is_connect
+
+    return not is_connect(df) and df.rdd.getNumPartitions() == 0
+
+
+@dataclass
+class Prepared:
+    """What :meth:`Trainer.prepare` hands to the run: the driver's model (its shard specs, the checkpoint it was
+    restored from), the model's class count, the holdout rows, whether the agents set the holdout aside, the
+    agents' DataFrame and when ``fit`` was called."""
+
+    model: torch.nn.Module
+    specs: list
+    checkpoint: object
+    classes: Optional[int]
+    holdout_rows: "_HoldoutRows"
+    on_agents: bool
+    agents_df: object
+    called: float
 
 
 @dataclass

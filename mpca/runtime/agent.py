@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -36,10 +36,11 @@ from mpca.runtime import placement, protocol
 from mpca.runtime.agent_leave import LeaveOnRequest, hand_in, watch_for_leave
 from mpca.runtime.agent_server import ChannelServer
 from mpca.runtime.protocol import AGENT_OPS, SERVICE_OPS
-from mpca.runtime.channel import listen
+from mpca.runtime.channel import listen, listen_tcp
 from mpca.runtime.cluster import visible_gpus
 from mpca.runtime.initial import InitialModel, rebuild
 from mpca.runtime.reports import AgentReport
+from mpca.runtime.rundir import COORDINATOR, RunDir, reachable_host
 
 log = logging.getLogger("mpca.agent")
 
@@ -69,6 +70,8 @@ class AgentSpec:
     rendezvous: Dict[str, Any] = field(default_factory=dict)
     classes: Optional[int] = None  # the model's class count for class-index labels: every agent checks its rows
     holdout: Optional[Tuple[int, int]] = None  # (cut, max_rows): its rows come hashed, it sets the holdout aside
+    relay: Optional[str] = None  # a Spark Connect run's directory: the agent announces itself there and reads where
+    # the coordinator's services are (mpca.runtime.rundir)
 
     @property
     def codec(self) -> Codec:
@@ -538,6 +541,25 @@ def _np_dtype(dtype: torch.dtype):
     return {torch.float32: np.float32, torch.float64: np.float64}[dtype]
 
 
+COORDINATOR_WAIT_S = 300.0  # how long a Connect run's agent waits for its coordinator to say where it is
+
+
+def with_coordinator(spec: AgentSpec) -> AgentSpec:
+    """A Connect run's spec with the coordinator's parameter service and rendezvous, as the coordinator wrote
+    them in the run directory (``coordinator.json``: JSON, checked here; no secret in it)."""
+    found = RunDir(spec.relay).wait_for(COORDINATOR, COORDINATOR_WAIT_S)
+    if found is None:
+        raise RuntimeError(f"the run's coordinator did not say where it is within {COORDINATOR_WAIT_S:.0f}s "
+                           f"({spec.relay}/{COORDINATOR}): is the directory shared with the coordinator's executor?")
+    service = found.get("service")
+    if service is not None and not (isinstance(service, list) and len(service) == 2):
+        raise ValueError(f"{spec.relay}/{COORDINATOR}: service is not [host, port]: {service!r}")
+    rendezvous = found.get("rendezvous") or {}
+    if not isinstance(rendezvous, dict):
+        raise ValueError(f"{spec.relay}/{COORDINATOR}: rendezvous is not an object")
+    return replace(spec, service=(str(service[0]), int(service[1])) if service else None, rendezvous=rendezvous)
+
+
 def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
               gpu_addresses: Optional[List[str]] = None, attempt: int = 0, slot: Optional[str] = None,
               data_on_host: bool = False, task_started: Optional[float] = None,
@@ -557,13 +579,20 @@ def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: to
         return {"agent": agent_id, "executor": placement.executor_id(),
                 "error": f"agent {agent_id}: executor slot {slot} already holds an agent of this run"}
     sock_path = placement.agent_socket(spec.run_id, agent_id)
-    srv = agent = None
+    srv = agent = relayed = None
     try:
+        if spec.relay is not None:  # a Spark Connect run: the coordinator's services are named in the run directory
+            spec = with_coordinator(spec)
         agent = Agent(spec, agent_id, features, labels, gpu_addresses, attempt, data_on_host, task_started, data_loaded,
                       holdout, loading, problem)
         srv = listen(sock_path)
         server = threading.Thread(target=agent.serve, args=(srv,), daemon=True)
         server.start()
+        if spec.relay is not None:  # and the coordinator reaches the agent over TCP, where it announced it listens
+            host = reachable_host()
+            relayed = listen_tcp(host, 0)
+            threading.Thread(target=agent.serve, args=(relayed,), daemon=True).start()
+            RunDir(spec.relay).announce_agent(agent_id, host, relayed.getsockname()[1], attempt)
         agent.train_forever()
         # training ended (stop, error or idle): keep answering until told to stop so the driver learns why
         deadline = time.time() + 60
@@ -575,8 +604,9 @@ def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: to
     finally:
         if agent is not None:
             agent.close()
-        if srv is not None:
-            srv.close()
+        for listening in (srv, relayed):
+            if listening is not None:
+                listening.close()
         for p in (sock_path,):
             try:
                 os.unlink(p)

@@ -22,6 +22,7 @@ from typing import Iterator, List, Optional
 import pyarrow as pa
 
 from mpca.runtime.agent import AgentSpec, run_agent
+from mpca.runtime.cluster import is_connect
 
 log = logging.getLogger("mpca.agents")
 
@@ -131,7 +132,7 @@ def balanced(train_df, agents: int, shuffle: bool = False):
     A shuffle would make the agents' stage depend on map outputs kept by executors: losing one executor
     then fails the fetch, and Spark resubmits the stage, relaunching every agent still running (two
     processes per agent).  Coalesced, a lost agent task is simply retried on its own."""
-    if shuffle:
+    if shuffle or is_connect(train_df):  # a Connect DataFrame has no RDD to count its partitions: dealt out
         return train_df.repartition(agents)
     if train_df.rdd.getNumPartitions() >= agents:
         return train_df.coalesce(agents)
@@ -143,15 +144,15 @@ def balanced(train_df, agents: int, shuffle: bool = False):
 class AgentJob:
     """Runs the agents' Spark job in a thread; :meth:`alive` and :attr:`summaries` report on it."""
 
-    def __init__(self, sc, run_id: str):
+    def __init__(self, sc, run_id: str, profile=None):
         self.sc = sc
+        self.profile = profile  # the agents' task resource profile (mpca.runtime.cluster.agent_resource_profile)
         self.group = f"mpca-{run_id}-agents"
         self.summaries: List[dict] = []
         self.error: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
 
-    def start(self, train_df, agents: int, spec: AgentSpec, features: str, label: str, profile,
-              shuffle: bool = False) -> None:
+    def start(self, train_df, agents: int, spec: AgentSpec, features: str, label: str, shuffle: bool = False) -> None:
         fn = functools.partial(agent_task, spec, features, label)
         from mpca.compat import collect_map_in_arrow
 
@@ -160,7 +161,7 @@ class AgentJob:
         def run():
             self.sc.setJobGroup(self.group, f"mpca agents ({agents})", interruptOnCancel=True)
             try:
-                self.summaries = [json.loads(r.summary) for r in collect_map_in_arrow(df, fn, SUMMARY_SCHEMA, profile)]
+                self.summaries = [json.loads(r.summary) for r in collect_map_in_arrow(df, fn, SUMMARY_SCHEMA, self.profile)]
             except BaseException as e:  # noqa: BLE001 - surfaced by the trainer
                 self.error = e
 

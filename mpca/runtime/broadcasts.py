@@ -29,9 +29,13 @@ class Broadcasts:
         arrays."""
         data = (np.ascontiguousarray(vec.numpy(), dtype=self.codec.dtype).tobytes() if exact
                 else self.feedback.encode(shard, vec.numpy()))
-        bc = self.sc.broadcast(data)
+        bc = self.publish(data)
         self.counts["created"] += 1
         return bc
+
+    def publish(self, data: bytes):
+        """The encoded bytes as a Spark broadcast variable (its ``value`` read by the deliver tasks)."""
+        return self.sc.broadcast(data)
 
     def destroy(self, bc) -> None:
         """Drop a broadcast no job will read again."""

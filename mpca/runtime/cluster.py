@@ -25,14 +25,19 @@ AGENT_SLOT = "agentslot"
 _SCRIPT_DIR: Optional[str] = None
 
 
+def is_connect(spark) -> bool:
+    """Whether ``spark`` (a session or a DataFrame) is Spark Connect's: no SparkContext, no RDDs."""
+    return ".connect." in type(spark).__module__
+
+
 def require_classic(spark) -> None:
-    """Refuse Spark Connect sessions: agents need RDDs and long-lived tasks."""
-    mod = type(spark).__module__
-    if ".connect." in mod:
+    """Refuse Spark Connect sessions where a classic driver is needed (a run's own :class:`AgentRun`; ``fit``
+    takes a Connect session through :mod:`mpca.connect`)."""
+    if is_connect(spark):
         raise UserError(
-            "this SparkSession is a Spark Connect session (no RDDs, e.g. Databricks shared or serverless "
-            "compute); mpca needs classic Spark: use a single-user/dedicated (assigned) cluster, "
-            "spark-submit, or a local session (mpca.runtime.cluster.local_session)"
+            "this SparkSession is a Spark Connect session (no SparkContext): Trainer.fit and mpca train run over "
+            "it, but this benchmark or lab tool drives the agents from a classic driver: use a single-user/"
+            "dedicated (assigned) cluster, spark-submit, or a local session (mpca.runtime.cluster.local_session)"
         )
 
 
@@ -149,15 +154,42 @@ def session_for(cluster, app_name: str, conf: Optional[Dict[str, str]] = None) -
     """The session a job runs on, from its ``cluster`` section: with ``master: existing`` the active one (or
     the one spark-submit configured), else a new ``local-cluster[K,C,MB]``; and whether the caller owns it
     (and must stop it).  ``conf`` is added to the section's own ``cluster.conf``."""
-    if cluster.master == "existing":
+    if cluster.master == "existing":  # spark-submit's, a notebook's, or SPARK_REMOTE's Spark Connect server
         from pyspark.sql import SparkSession
 
         return SparkSession.getActiveSession() or SparkSession.builder.appName(app_name).getOrCreate(), False
+    if cluster.master.startswith("sc://"):  # a Spark Connect server: a client session of its own
+        from pyspark.sql import SparkSession
+
+        check_connect_server(cluster.master)
+        try:
+            return SparkSession.builder.remote(cluster.master).appName(app_name).getOrCreate(), True
+        except ImportError as e:
+            raise UserError(f"a Spark Connect client needs pyspark's connect extra ({e}): pip install "
+                            "'pyspark[connect]'") from None
     local = parse_local_cluster(cluster.master)
     spark = local_session(local.executors, local.cores, local.memory_mb, app_name=app_name,
                           conf={**(conf or {}), **cluster.conf}, gpus_per_executor=local_gpus(cluster.gpus))
     spark.sparkContext.setLogLevel("ERROR")
     return spark, True
+
+
+CONNECT_PORT = 15002  # a Spark Connect address without a port: the server's default
+
+
+def check_connect_server(url: str, timeout_s: float = 10.0) -> None:
+    """Fail in one line when nothing listens at a Spark Connect address (the client itself would retry for
+    minutes before it says so)."""
+    import re
+    import socket
+
+    m = re.match(r"sc://([^/:;]+)(?::(\d+))?", url)
+    host, port = m.group(1), int(m.group(2) or CONNECT_PORT)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise UserError(f"no Spark Connect server answers at {host}:{port} ({e.strerror or e}): check "
+                        "cluster.master and that the server runs") from None
 
 
 def visible_gpus() -> int:

@@ -68,7 +68,7 @@ def hello(jobs: ExchangeJobs, expected: int, timeout_s: float, agent_job_alive: 
         plan = jobs.plan(f"hello{attempt}", "hello", wait_for_agent_s=wait)
         res = _while_alive(lambda: jobs.run(plan, jobs.spread(expected, 1 if sparse else attempt), None,
                                             f"mpca: waiting for agents (attempt {attempt})"),
-                           agent_job_alive, lambda: jobs.sc.cancelJobGroup(jobs.job_group))
+                           agent_job_alive, jobs.cancel)
         if res is None:
             raise RunFailedError(f"the agents' Spark job ended before all agents came up: {why_ended()}")
         received = time.time()

@@ -20,11 +20,12 @@ corrective job for what it is missing (see :mod:`mpca.runtime.pipeline`).
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from mpca.algorithm.wire import Codec
 from mpca.exchange.timeouts import TASK_TIMEOUT_S
@@ -67,17 +68,31 @@ class ExchangePlan:
         return agent is not None and (self.only_agents is None or agent in self.only_agents)
 
 
-def _claim(plan: ExchangePlan):
-    """Connect to an agent of this executor that has not answered ``plan.token`` yet.  A silent agent (hung,
-    e.g. SIGSTOP) holds the task at most ``agent_wait_s`` (absent ones ``ABSENT_CLAIM_S``)."""
+Connector = Callable[[float], Channel]  # opens an authenticated channel to one agent within a timeout
+
+
+def local_agents(plan: ExchangePlan) -> List[Tuple[int, Connector]]:
+    """The agents of this run whose Unix sockets are on this executor (a Spark exchange task's candidates)."""
+    out = []
+    for path in placement.agent_sockets_here(plan.run_id):
+        agent = placement.agent_of_socket(path)
+        if agent is not None:
+            out.append((agent, functools.partial(Channel.connect, path, plan.secret)))
+    return out
+
+
+def _claim(plan: ExchangePlan, candidates: Callable[[ExchangePlan], List[Tuple[int, Connector]]] = local_agents):
+    """Connect to an agent among ``candidates`` (those of this executor, or the one a Connect coordinator's relay
+    task is for) that has not answered ``plan.token`` yet.  A silent agent (hung, e.g. SIGSTOP) holds the task at
+    most ``agent_wait_s`` (absent ones ``ABSENT_CLAIM_S``)."""
     deadline = time.time() + plan.wait_for_agent_s
     while True:
-        sockets = [p for p in placement.agent_sockets_here(plan.run_id) if plan.wants(placement.agent_of_socket(p))]
-        sockets.sort(key=lambda p: placement.agent_of_socket(p) in plan.absent)
-        for path in sockets:
-            wait = ABSENT_CLAIM_S if placement.agent_of_socket(path) in plan.absent else plan.agent_wait_s
+        found = [(a, connect) for a, connect in candidates(plan) if plan.wants(a)]
+        found.sort(key=lambda c: c[0] in plan.absent)
+        for agent, connect in found:
+            wait = ABSENT_CLAIM_S if agent in plan.absent else plan.agent_wait_s
             try:
-                ch = Channel.connect(path, plan.secret, timeout=wait)
+                ch = connect(wait)
             except (OSError, ChannelError):
                 continue
             try:
@@ -87,9 +102,9 @@ def _claim(plan: ExchangePlan):
                 ch.close()
                 continue
             if header.get("ok"):
-                return ch, header, path
+                return ch, header, connect
             ch.close()
-        if sockets or time.time() > deadline:
+        if found or time.time() > deadline:
             return None, None, None
         time.sleep(0.2)  # the agent may still be loading its data
 
@@ -153,16 +168,20 @@ def run_niced(fn, *args):
 def exchange_partition(plan: ExchangePlan, bcast, _rows: Iterator) -> Iterator[ExchangeRecord]:
     """mapPartitions body of an exchange task (lazy: runs when treeReduce pulls the record).  ``bcast`` is
     None for every task but the deliver tasks, so only those wait for the broadcast's download."""
-    yield run_niced(_exchange, plan, bcast, time.time())
+    yield run_niced(exchange_task, plan, bcast, time.time())
 
 
-def _exchange(plan: ExchangePlan, bcast, t_start: float) -> ExchangeRecord:
-    """Claim an agent of this executor, then do the plan's one thing with it."""
+def exchange_task(plan: ExchangePlan, bcast, t_start: float,
+              candidates: Callable[[ExchangePlan], List[Tuple[int, Connector]]] = local_agents,
+              where: Optional[str] = None) -> ExchangeRecord:
+    """Claim an agent among ``candidates`` (default: of this executor), then do the plan's one thing with it;
+    ``where`` names the task's place in a misplaced report and an error (default: this executor)."""
     cpu0 = time.thread_time()
     rec = ExchangeRecord()
-    ch, info, _ = _claim(plan)
+    where = where or f"executor {placement.executor_id()}"
+    ch, info, connect = _claim(plan, candidates)
     if ch is None:
-        rec.misplaced.append(placement.executor_id())
+        rec.misplaced.append(where.removeprefix("executor "))
         return rec
     entry = AgentReport.from_dict(info)
     entry.t_start = t_start
@@ -173,7 +192,7 @@ def _exchange(plan: ExchangePlan, bcast, t_start: float) -> ExchangeRecord:
         elif plan.op == "reduce":
             _yield(plan, ch, entry, rec)
         elif plan.op == "cycle":  # one task per agent: hand-off on its own connection while the shard goes up
-            _both(plan, ch, bcast, entry, rec)
+            _both(plan, ch, connect, bcast, entry, rec)
         elif plan.op == "stop":
             entry.update(ch.request(protocol.header(AGENT_OPS, "stop"), timeout=plan.timeout_s)[0])
         elif plan.op == "holdout":  # the agent's holdout rows up to the driver's cut-off (mpca.data.holdout)
@@ -183,7 +202,7 @@ def _exchange(plan: ExchangePlan, bcast, t_start: float) -> ExchangeRecord:
     except (TimeoutError, ConnectionError):  # it stopped answering mid-request (its process stopped, or lost)
         silent = True
     except Exception as e:  # reported to the driver, which fails the run with this message
-        entry.error = f"{plan.op} failed on executor {placement.executor_id()}: {e!r}"
+        entry.error = f"{plan.op} failed on {where}: {e!r}"
     finally:
         ch.close()
     entry.t_end = time.time()
@@ -199,15 +218,14 @@ def _exchange(plan: ExchangePlan, bcast, t_start: float) -> ExchangeRecord:
     return rec
 
 
-def _both(plan: ExchangePlan, ch: Channel, bcast, entry: AgentReport, rec: ExchangeRecord) -> None:
+def _both(plan: ExchangePlan, ch: Channel, connect: Connector, bcast, entry: AgentReport, rec: ExchangeRecord) -> None:
     """Where an executor has one free task slot per agent: deliver (in a thread, on a second connection to
     the same agent) and yield in one task — which Spark starts only after the broadcast has arrived."""
     errors: list = []
 
     def hand_off():
         try:
-            path = placement.agent_socket(plan.run_id, entry.agent)
-            second = Channel.connect(path, plan.secret, timeout=plan.timeout_s)
+            second = connect(plan.timeout_s)
             try:
                 _deliver(plan, second, bcast, entry)
             finally:

@@ -105,5 +105,9 @@ class ExchangeJobs:
         while self._last_job_id() <= seen and time.monotonic() < deadline:
             time.sleep(0.002)
 
+    def cancel(self) -> None:
+        """Cancel the run's exchange jobs still running (e.g. a start handshake whose agents' job ended)."""
+        self.sc.cancelJobGroup(self.job_group)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False)

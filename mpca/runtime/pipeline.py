@@ -30,8 +30,6 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from mpca.algorithm import Algorithm, DriverRule, WeightedSum
-from mpca.algorithm.wire import Codec
-from mpca.exchange.timeouts import TASK_TIMEOUT_S
 from mpca.errors import RunFailedError, UserError
 from mpca.exchange.schedule import PhaseSchedule, StageOutcome
 from mpca.runtime.broadcasts import Broadcasts
@@ -67,22 +65,23 @@ class ExchangePipeline:
     yield (``deliver_before_yield``: rounds) one task does both.  ``reduce``: the contributions tree-reduced into
     the driver (``tree``) or reduce-scattered over the executors first (``scatter``, :mod:`mpca.runtime.scatter`)."""
 
-    def __init__(self, sc, run_id: str, secret: bytes, rule: DriverRule, algorithm: Algorithm, roster: AgentRoster,
-                 codec: Codec, timeline: Optional[Timeline] = None, *, executors: int = 1,
+    def __init__(self, jobs: ExchangeJobs, broadcasts: Broadcasts, rule: DriverRule, algorithm: Algorithm,
+                 timeline: Optional[Timeline] = None, *,
                  observe: Optional[Callable[[float], Tuple[Dict[int, AgentReport], List[int]]]] = None,
                  silent: Optional[Callable[[float], List[int]]] = None,
-                 split_tasks: bool = False, task_timeout_s: float = TASK_TIMEOUT_S, exchange_jobs: str = "auto",
-                 reduce: str = "tree"):
+                 split_tasks: bool = False, exchange_jobs: str = "auto"):
+        """``jobs`` submits the exchange jobs (Spark's, or a Connect coordinator's relay,
+        :class:`mpca.runtime.relay.RelayJobs`) against its roster; ``broadcasts`` publishes the staged shards."""
         self.rule = rule
         self.exchange = algorithm.exchange
         self.cycle_interval_s = algorithm.cycle_interval_s
-        self.roster = roster
+        self.jobs = jobs
+        self.roster: AgentRoster = jobs.roster
         self.observe = observe
         self.split_tasks = split_tasks
         self.layout = ExchangeLayout(exchange_jobs)
-        self.codec = codec
-        self.jobs = ExchangeJobs(sc, run_id, secret, roster, codec, executors, task_timeout_s, reduce)
-        self.broadcasts = Broadcasts(sc, codec)
+        self.codec = jobs.codec
+        self.broadcasts = broadcasts
         self.timeline = timeline or Timeline()
         self.S = rule.num_shards
         self.schedule: PhaseSchedule = PhaseSchedule(rule, lambda shard, vec: self.broadcasts.create(vec, shard),

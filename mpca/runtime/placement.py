@@ -13,15 +13,20 @@ def executor_id() -> str:
     """The executor this Python worker belongs to.
 
     Python's TaskContext has no executor id; the worker's cwd is
-    ``<work>/<app-id>/<executor-id>`` on standalone/local-cluster, and
+    ``<work>/<app-id>/<executor-id>`` on standalone/local-cluster (``<work>/<app-id>/<executor-id>/<session>``
+    for a Spark Connect session's tasks), and
     ``SPARK_LOG_URL_STDERR`` carries ``executorId=`` on YARN.
     """
     url = os.environ.get("SPARK_LOG_URL_STDERR", "")
     m = re.search(r"executorId=([^&/]+)", url)
     if m:
         return m.group(1)
-    base = os.path.basename(os.getcwd())
-    return base if base.isdigit() else f"local:{os.getcwd()}"
+    cwd = os.getcwd()
+    base, parent = os.path.basename(cwd), os.path.basename(os.path.dirname(cwd))
+    if base.isdigit():
+        return base
+    # a Spark Connect session's tasks run in a directory of their session inside the executor's
+    return parent if parent.isdigit() else f"local:{cwd}"
 
 
 def agent_socket(run_id: str, agent: int) -> str:

@@ -7,29 +7,56 @@ metrics, a checkpoint's state and the run's counters — through the methods bel
 from __future__ import annotations
 
 import logging
-import secrets
 import time
-import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
+from mpca.algorithm import DriverRule
 from mpca.algorithm.wire import Codec, ErrorFeedback
 from mpca.config import Settings
 from mpca.data.checks import label_skew
 from mpca.data.split import holdout_cut
 from mpca.errors import RunFailedError
-from mpca.runtime import cluster, control, initial
+from mpca.runtime import control, initial
 from mpca.runtime.agent import AgentSpec
-from mpca.runtime.agent_job import AgentJob
 from mpca.runtime.driver_service import DriverService
 from mpca.runtime.pipeline import ExchangePipeline
 from mpca.runtime.reports import AgentReport, RunCounters
 from mpca.runtime.roster import AgentRoster
+from mpca.runtime.spark_side import SparkSide
 from mpca.runtime.timeline import Timeline
 
 log = logging.getLogger("mpca.run")
+
+
+def payload_limit(layout, rule: DriverRule) -> int:
+    """The largest message on a run's channels: the model or a replacement's join payload, and a header."""
+    model_bytes = sum(layout.shard_nbytes(s) for s in range(layout.num_shards))
+    join_bytes = rule.join_payload().numel() * layout.wire_dtype.itemsize  # the model and join state
+    return max(model_bytes, join_bytes) + 4096
+
+
+def agent_spec(run_id: str, secret: bytes, settings: Settings, model: torch.nn.Module, fns: tuple, layout,
+               max_payload: int, classes: Optional[int], holdout_on_agents: bool, *,
+               service: Optional[Tuple[str, int]] = None, rendezvous: Optional[Dict[str, Any]] = None,
+               relay: Optional[str] = None) -> AgentSpec:
+    """What every agent of a run is shipped (:class:`~mpca.runtime.agent.AgentSpec`): the run's identity, the
+    user's functions ``fns`` (model, loss, optimizer), the layout, the initial model (its seed where the
+    executors rebuild it) and the settings' sections; ``relay``: a Spark Connect run's directory, where its
+    agents announce themselves and find the coordinator's services (then ``service`` and ``rendezvous`` are
+    read there)."""
+    algo = settings.algorithm
+    model_fn, loss_fn, optimizer_fn = fns
+    return AgentSpec(run_id=run_id, secret=secret, model_fn=model_fn, loss_fn=loss_fn, optimizer_fn=optimizer_fn,
+                     layout=layout, initial=initial.for_agents(model, model_fn, settings.seed,
+                                                               algo.rebuilds_initial_model),
+                     algorithm=algo, training=settings.training, data=settings.data, wire=settings.wire,
+                     seed=settings.seed, max_payload=max_payload, service=service, rendezvous=dict(rendezvous or {}),
+                     classes=classes, relay=relay,
+                     holdout=(holdout_cut(settings.data.holdout), settings.data.holdout_max_rows)
+                     if holdout_on_agents else None)
 
 
 class AgentRun:
@@ -39,56 +66,50 @@ class AgentRun:
     def __init__(self, spark, train_df, *, model: torch.nn.Module, model_fn, loss_fn, optimizer_fn,
                  settings: Settings, driver_state: Optional[Dict[str, Any]] = None,
                  pending: Optional[Dict[str, Any]] = None, wire_state: Optional[Dict[str, Any]] = None,
-                 classes: Optional[int] = None, holdout_on_agents: bool = False):
+                 classes: Optional[int] = None, holdout_on_agents: bool = False, side=None):
         """``holdout_on_agents``: ``train_df`` holds every row with its hash (:func:`mpca.data.holdout.with_row_hash`),
-        the agents set the holdout rows aside and :meth:`holdout_rows` collects them."""
-        cluster.require_classic(spark)
+        the agents set the holdout rows aside and :meth:`holdout_rows` collects them.  ``side``: what drives the
+        agents (default: this classic session's driver, :class:`~mpca.runtime.spark_side.SparkSide`; a Spark
+        Connect run's coordinator passes its :class:`~mpca.runtime.relay.RelaySide`, whose agents the client
+        started, and ``spark`` and ``train_df`` are None)."""
+        self.side = side = side if side is not None else SparkSide(spark, settings)
         self.settings = settings
         algo, training = settings.algorithm, settings.training
-        self.sc = spark.sparkContext
-        self.shape, use_gpus = cluster.agents_fit(self.sc, settings)
-        cluster.warn_low_task_retries(self.sc)
         self.agents = training.agents
         self.layout = algo.shard_layout(model)
         self.bound = self.layout.bind_module(model, algo.buffers)
         self.rule = algo.driver_rule([self.bound.read(s) for s in range(self.layout.num_shards)], self.agents)
         if driver_state is not None:
             self.rule.load_state_dict(driver_state)
-        self.run_id = uuid.uuid4().hex[:10]
-        secret = secrets.token_bytes(32)
-        model_bytes = sum(self.layout.shard_nbytes(s) for s in range(self.layout.num_shards))
-        join_bytes = self.rule.join_payload().numel() * self.layout.wire_dtype.itemsize  # the model and join state
-        max_payload = max(model_bytes, join_bytes) + 4096  # the largest message on the channels
-        host = settings.cluster.service_host or self.sc.getConf().get("spark.driver.host") or "127.0.0.1"
+        self.run_id, secret = side.identity()
+        max_payload = payload_limit(self.layout, self.rule)
+        host = side.host()
         self.codec = Codec.of(settings.wire.resolved(algo), settings.wire.block, self.layout.wire_dtype)
         self.service = None  # the parameter service; for the other algorithms only where executors may be decommissioned
         serves = algo.exchange == "service"
-        if serves or cluster.decommission_enabled(self.sc):
+        if serves or side.decommission_enabled():
             self.service = DriverService(self.rule, secret, self.codec, max_payload, host,
                                          settings.cluster.service_port, self.agents, serves=serves)
-        self.spec = AgentSpec(run_id=self.run_id, secret=secret, model_fn=model_fn, loss_fn=loss_fn,
-                              optimizer_fn=optimizer_fn, layout=self.layout,
-                              initial=initial.for_agents(model, model_fn, settings.seed, algo.rebuilds_initial_model),
-                              algorithm=algo, training=training, data=settings.data, wire=settings.wire,
-                              seed=settings.seed, max_payload=max_payload,
-                              service=self.service.address if self.service else None,
-                              rendezvous=self.rule.rendezvous(host, settings.cluster.service_port), classes=classes,
-                              holdout=(holdout_cut(settings.data.holdout), settings.data.holdout_max_rows)
-                              if holdout_on_agents else None)
-        log.info("the initial model reaches the agents %s", f"as its weights ({model_bytes / 1e6:.1f} MB in each "
-                 "agent's task)" if self.spec.initial.shipped else f"as its seed ({settings.seed}): each rebuilds it")
-        self.profile = cluster.agent_resource_profile(use_gpus, pinned=self.shape.agent_slots_per_executor > 0)
-        self.job = AgentJob(self.sc, self.run_id)
+        rendezvous = self.rule.rendezvous(host, settings.cluster.service_port)
+        self.spec = agent_spec(self.run_id, secret, settings, model, (model_fn, loss_fn, optimizer_fn), self.layout,
+                               max_payload, classes, holdout_on_agents,
+                               service=self.service.address if self.service else None, rendezvous=rendezvous)
+        if side.relay_dir is not None:  # the client started the agents: they find the services here
+            side.publish(service=self.service.address if self.service else None, rendezvous=rendezvous)
+        else:
+            log.info("the initial model reaches the agents %s", f"as its weights "
+                     f"({sum(self.layout.shard_nbytes(s) for s in range(self.layout.num_shards)) / 1e6:.1f} MB "
+                     f"in each agent's task)" if self.spec.initial.shipped else
+                     f"as its seed ({settings.seed}): each rebuilds it")
+        self.job = side.agent_job(self.run_id)
         self.timeline = Timeline(training.timeline_window)  # the last cycles in memory, the rest on disk
         roster = AgentRoster(range(self.agents), settings.cluster.agent_wait_s, training.min_agents,
                              settings.cluster.agent_lost_timeout_s)
-        self.pipeline = ExchangePipeline(self.sc, self.run_id, secret, self.rule, algo, roster,
-                                         self.codec, self.timeline, executors=self.shape.executors,
+        self.pipeline = ExchangePipeline(side.exchange_jobs(self.run_id, secret, roster, self.codec),
+                                         side.broadcasts(self.codec), self.rule, algo, self.timeline,
                                          observe=self.service.observe if serves else None,
                                          silent=self.service.silent if serves else None,
-                                         split_tasks=cluster.exchange_slots(self.shape, use_gpus) >= 2,
-                                         exchange_jobs=settings.cluster.exchange_jobs,
-                                         reduce=settings.cluster.reduce, task_timeout_s=settings.cluster.task_timeout_s)
+                                         split_tasks=side.split_tasks(), exchange_jobs=settings.cluster.exchange_jobs)
         self.pipeline.restore_pending(pending)
         self._restore_wire(wire_state)
         self._train_df = train_df
@@ -100,8 +121,7 @@ class AgentRun:
     def __enter__(self) -> "AgentRun":
         t0 = time.time()
         data = self.settings.data
-        self.job.start(self._train_df, self.agents, self.spec, data.features, data.label, self.profile,
-                       shuffle=data.shuffle)
+        self.job.start(self._train_df, self.agents, self.spec, data.features, data.label, shuffle=data.shuffle)
         try:
             training = self.settings.training
             self.agent_info = control.hello(self.pipeline.jobs, training.start_agents,
@@ -157,7 +177,7 @@ class AgentRun:
         if not self.job.alive():
             raise RunFailedError(f"the agents' Spark job ended unexpectedly: {self.job.failure()}")
         if self.pipeline.roster.absent:  # executors come and go: the exchange tasks must reach new ones too
-            self.pipeline.jobs.executors = max(1, cluster.executor_count(self.sc))
+            self.pipeline.jobs.executors = self.side.executor_count()
         rec = self.pipeline.cycle(c)
         self._decommissioned(rec)
         present, _ = self.membership()
@@ -179,7 +199,7 @@ class AgentRun:
             self._decommission_checked = time.time()
             executors = {a: r.executor for a, r in self.pipeline.last_agent_reports.items()
                          if a in roster.agents and a not in self.service.leaving and r.executor}
-            decommissioning = cluster.decommissioning(self.sc, set(executors.values()))
+            decommissioning = self.side.decommissioning(set(executors.values()))
             going = sorted(a for a, e in executors.items() if e in decommissioning)
             if going:
                 log.warning("agents %s: their executors are being decommissioned; they leave after handing in their "

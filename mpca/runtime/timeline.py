@@ -109,19 +109,29 @@ class TimelineTotals:
         self.shards: Set[int] = set()  # the shards reduced (at most S)
 
     def add(self, rec: CycleRecord) -> None:
-        self.bytes_up += rec.bytes_up
-        self.bytes_down += rec.bytes_down
-        exchanged, overlapped = _overlap_flags(rec)
+        self.add_row(_row(rec))
+
+    def add_row(self, row: dict) -> None:
+        """A cycle's row (:func:`_row`): its traffic, whether it overlapped, its shard."""
+        self.bytes_up += row["bytes_up"]
+        self.bytes_down += row["bytes_down"]
+        exchanged, overlapped = _row_flags(row)
         self.exchanged += exchanged
         self.overlapped += overlapped
-        if rec.reduce_shard is not None:
-            self.shards.add(rec.reduce_shard)
+        if row["reduce_shard"] is not None:
+            self.shards.add(row["reduce_shard"])
 
 
 def _overlap_flags(rec: CycleRecord) -> Tuple[bool, bool]:
     """Whether the cycle both broadcast and reduced a shard, and whether those two overlapped."""
     exchanged = rec.bcast_shard is not None and rec.reduce_shard is not None
     return exchanged, exchanged and rec.broadcast_overlaps_reduce()
+
+
+def _row_flags(row: dict) -> Tuple[bool, bool]:
+    """:func:`_overlap_flags` of a cycle's row."""
+    exchanged = row["bcast_shard"] is not None and row["reduce_shard"] is not None
+    return exchanged, exchanged and bool(row["overlap"])
 
 
 def _latest(times: Iterable[Optional[float]]) -> Optional[float]:
@@ -220,6 +230,18 @@ class Timeline:
         self._head: List[Tuple[bool, bool]] = []  # overlap flags of the first WARM_UP_MAX cycles
         self._spill = _Spill(spill_dir)
         self._finalizer = weakref.finalize(self, self._spill.close)
+
+    @classmethod
+    def of_rows(cls, rows: Iterable[dict], spill_dir: Optional[str] = None) -> "Timeline":
+        """A run's timeline from its cycles' rows (a Spark Connect run's, which its coordinator wrote as JSON):
+        read, totalled and written as a run of this process's, with no :class:`CycleRecord` in memory."""
+        timeline = cls(1, spill_dir)
+        for row in rows:
+            timeline.totals.add_row(row)
+            if len(timeline._head) < WARM_UP_MAX:
+                timeline._head.append(_row_flags(row))
+            timeline._spill.write(row)
+        return timeline
 
     def add(self, rec: CycleRecord) -> None:
         self.totals.add(rec)

@@ -2,13 +2,14 @@
 spark-submit) over ``local-cluster[2,2,1024]``, and clients in processes of their own that reach it only by its
 ``sc://`` address, as a remote notebook does.
 
-mpca has no Connect mode yet (issue 57): a Connect session is refused in one line.  The second test checks, on the
+``Trainer.fit`` on such a session runs the Connect mode (:mod:`mpca.connect`).  The last test checks, on the
 real server, the primitives the Connect mode is designed on — long-lived tasks through ``mapInArrow`` (with a
 resource profile, and in barrier mode), a coordinator task that tasks of another job reach over TCP, and a
 client's interrupt that ends its running jobs — so that a pyspark upgrade that loses one goes red here.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,8 @@ import textwrap
 import time
 
 import pytest
+
+from mpca.models import SmallCNN
 
 pytestmark = pytest.mark.standalone  # its own Spark (the Connect server's); the shared session is stopped first
 
@@ -71,26 +74,144 @@ def _client(remote: str, code: str, timeout: float = 240) -> subprocess.Complete
                           env={**os.environ, "PYSPARK_PYTHON": sys.executable})
 
 
-def test_a_connect_session_is_refused_in_one_line_that_names_what_to_use(remote):
-    out = _client(remote, """
-        import torch
-        from pyspark.sql import SparkSession
-        from mpca import Trainer, UserError
+TRAIN = """
+    import glob, json, os, signal, sys, threading, time
+    import torch
+    from pyspark.sql import SparkSession
+    from mpca import Trainer
+    from mpca.data.datasets import arrow_table, load
+    from mpca.models import SmallCNN, cross_entropy
 
-        spark = SparkSession.builder.remote(REMOTE).getOrCreate()
-        df = spark.createDataFrame([([0.5] * 4, 1)] * 8, "features array<float>, label long")
-        try:
-            Trainer(lambda: torch.nn.Linear(4, 2), torch.nn.functional.cross_entropy,
-                    lambda p: torch.optim.SGD(p, lr=0.1), agents=1, input_shape=(4,), spark=spark).fit(df)
-            print("TRAINED")
-        except UserError as e:
-            print("REFUSED", e)
-        spark.stop()
-    """)
+    spark = SparkSession.builder.remote(REMOTE).getOrCreate()
+    x, y = load("digits")
+    df = spark.createDataFrame(arrow_table(x, y).to_pandas()).repartition(2)
+
+    def optimizer(params):
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+"""
+
+
+def test_mpca_trains_over_spark_connect_and_a_killed_agent_is_replaced(remote, tmp_path):
+    """The classic API on a Connect session: the coordinator task and two agents on the server's local-cluster,
+    history rows back to the client's on_cycle as the run goes, one agent's process killed mid-run (its Spark
+    task retried: the replacement announces itself, takes the joint model and contributes again), and the
+    result — model, history, timeline, counters — in the client, with the run's directory as the only channel."""
+    out = _client(remote, TRAIN + f"""
+    shared = {str(tmp_path)!r}
+    rows, killed = [], []
+
+    def on_cycle(row):
+        rows.append(row)
+        if len(rows) == 4 and not killed:  # the agents train: kill agent 1's process
+            [announce] = glob.glob(os.path.join(shared, "*", "agent-1.json"))
+            pid = json.load(open(announce))["pid"]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    res = Trainer(SmallCNN, cross_entropy, optimizer, agents=2, input_shape=(1, 8, 8), max_seconds=40,
+                  eval_every_cycles=5, connect_dir=shared, spark=spark, on_cycle=on_cycle).fit(df)
+    timeline = res.timeline.to_pandas()
+    joined = sorted({{a for agents in timeline["joined"] for a in agents}})
+    print("RESULT", json.dumps({{"error": res.final.error, "rows": len(rows), "history": len(res.history),
+                                "cycles": res.cycles, "timeline": len(timeline), "joined": joined,
+                                "killed": len(killed), "cycle_jobs": res.counters.jobs["cycle"],
+                                "stop": res.stop_reason, "params": sum(p.numel() for p in res.model.parameters()),
+                                "left": sorted(os.listdir(shared))}}))
+    spark.stop()
+""", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    refused = [line for line in out.stdout.splitlines() if line.startswith("REFUSED")]
-    assert len(refused) == 1 and "Spark Connect session" in refused[0] and "single-user/dedicated" in refused[0], \
-        out.stdout
+    result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["killed"] == 1 and result["joined"] == [1], result  # the replacement took the joint model
+    assert result["error"] < 0.05 and result["stop"] == "max_seconds", result
+    assert result["rows"] >= 5 and result["history"] == result["rows"] + 1, result  # every row reached on_cycle
+    assert result["cycles"] == result["timeline"] == result["cycle_jobs"] > 20, result
+    assert result["params"] == sum(p.numel() for p in SmallCNN().parameters())
+    assert len(result["left"]) == 1  # the run's directory, kept: the user's connect_dir
+
+
+def test_a_parameter_service_algorithm_over_connect_and_a_stop_request_from_the_client(remote):
+    """EASGD (its agents call the coordinator's parameter service, whose address they read in the run's
+    directory) stopped from the client after three history rows: the run ends after its current cycle with
+    ``interrupted`` and still returns its model; the temporary run directory is gone."""
+    out = _client(remote, TRAIN + """
+    import tempfile
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "mpca-connect-*")))
+    trainer = None
+
+    def on_cycle(row):
+        if row["cycle"] > 0 and trainer is not None:
+            on_cycle.seen = getattr(on_cycle, "seen", 0) + 1
+            if on_cycle.seen == 3:
+                trainer.request_stop()
+
+    trainer = Trainer(SmallCNN, cross_entropy, optimizer, agents=2, input_shape=(1, 8, 8), algorithm="easgd",
+                      max_seconds=120, eval_every_cycles=2, spark=spark, on_cycle=on_cycle)
+    t = time.time()
+    res = trainer.fit(df)
+    after = set(glob.glob(os.path.join(tempfile.gettempdir(), "mpca-connect-*")))
+    print("RESULT", json.dumps({"stop": res.stop_reason, "wall": time.time() - t, "error": res.final.error,
+                                "service_bytes": res.counters.service_bytes, "new_dirs": sorted(after - before)}))
+    spark.stop()
+""", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["stop"] == "interrupted" and result["wall"] < 100, result
+    assert result["service_bytes"] > 0 and result["error"] < 0.5, result
+    assert result["new_dirs"] == [], result
+
+
+def test_a_client_that_dies_mid_run_stops_its_run_in_the_cluster(remote, tmp_path):
+    """A Connect server does not end the jobs of a client killed with kill -9: the run's coordinator stops the
+    run once the client has not said it is there for cluster.client_gone_s (10 s here), still writing its
+    result, and its agents stop with it."""
+    shared = tmp_path / "shared"
+    script = f"REMOTE = {remote!r}\n" + textwrap.dedent(TRAIN + f"""
+    res = Trainer(SmallCNN, cross_entropy, optimizer, agents=2, input_shape=(1, 8, 8), max_seconds=600,
+                  eval_every_cycles=5, connect_dir={str(shared)!r}, client_gone_s=10, spark=spark,
+                  on_cycle=lambda row: print("ROW", row["cycle"], flush=True)).fit(df)
+    """)
+    errors = open(tmp_path / "client.err", "w")
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=errors,
+                              text=True, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    try:
+        rows = 0
+        for line in client.stdout:
+            rows += line.startswith("ROW")
+            if rows == 3:
+                break
+        assert rows == 3, (tmp_path / "client.err").read_text()[-3000:]
+        killed = time.time()
+        client.kill()
+    finally:
+        client.kill()
+        client.wait(30)
+        errors.close()
+    [run] = list(shared.iterdir())
+    while not (run / "result.json").exists() and time.time() - killed < 120:
+        time.sleep(1)
+    result = json.loads((run / "result.json").read_text())
+    stopped_after = time.time() - killed
+    assert result["stop_reason"] == "interrupted" and stopped_after < 60, (result["stop_reason"], stopped_after)
+    stopped = sorted(a["agent"] for a in result["agents"])
+    assert stopped == [0, 1], result["agents"]  # both agents answered the stop: their tasks end with the run
+
+
+def test_mpca_train_runs_on_a_connect_server_and_refuses_a_dead_address(remote, tmp_path):
+    """``cluster.master: sc://…`` for the CLI job: the bundled digits, trained to the config's target from a client
+    of the server, outputs written as for a classic job; an address where nothing listens fails in one line
+    (the Connect client itself would retry for minutes)."""
+    cli = [sys.executable, "-m", "mpca.cli", "train", "-c", os.path.join(os.getcwd(), "conf", "digits.yaml"),
+           f"run.output_dir={tmp_path / 'out'}", "stop.max_seconds=60"]
+    out = subprocess.run(cli + [f"cluster.master={remote}"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "target_reached" and summary["cycles"] > 0, summary
+    assert (tmp_path / "out" / "model.pt").exists() and (tmp_path / "out" / "timeline.csv").exists()
+    dead = subprocess.run(cli + [f"cluster.master=sc://127.0.0.1:{_free_port()}"], capture_output=True, text=True,
+                          timeout=120)
+    assert dead.returncode != 0 and "no Spark Connect server answers at" in dead.stderr, dead.stderr[-2000:]
+    assert "Traceback" not in dead.stderr
 
 
 def test_the_primitives_the_connect_mode_stands_on(remote):

@@ -63,14 +63,35 @@ def test_the_driver_waits_for_room_for_the_agents_not_for_one_executor_per_agent
     assert cluster.inspect_cluster(few_cores, 2, wait_s=5.0).executors == 1 and few_cores.counted == 1
 
 
-def test_spark_connect_is_refused():
+def test_spark_connect_is_refused_where_a_classic_driver_is_needed_and_fit_takes_it_over_connect(monkeypatch):
     Connect = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})
     with pytest.raises(UserError, match="Spark Connect"):
         require_classic(Connect())
+    from mpca.connect import client
     from mpca.trainer import Trainer
 
-    with pytest.raises(UserError, match="Spark Connect"):  # by the Trainer, before it touches the data
-        Trainer(lambda: None, lambda o, y: o, lambda p: None, max_cycles=1, spark=Connect()).fit(df=None)
+    taken = []
+    monkeypatch.setattr(client, "fit_over_connect", lambda trainer, spark, df, holdout, called: taken.append(spark))
+    session = Connect()
+    Trainer(lambda: None, lambda o, y: o, lambda p: None, max_cycles=1, spark=session).fit(df=None)
+    assert taken == [session]  # before it touches the data
+
+
+def test_a_connect_run_needs_a_shared_directory_unless_the_cluster_is_on_this_machine():
+    import types
+
+    from mpca.config import Settings
+    from mpca.connect.client import connect_location
+
+    def spark(master):
+        return types.SimpleNamespace(conf=types.SimpleNamespace(get=lambda key, default=None: master))
+
+    with pytest.raises(UserError, match="cluster.connect_dir"):
+        connect_location(spark("spark://head:7077"), Settings(), "r1")
+    where, temporary = connect_location(spark("local-cluster[2,2,1024]"), Settings(), "r1")
+    assert temporary and where.endswith("mpca-connect-r1")
+    shared = Settings.model_validate({"cluster": {"connect_dir": "s3://bucket/mpca/"}})
+    assert connect_location(spark("spark://head:7077"), shared, "r1") == ("s3://bucket/mpca/r1", False)
 
 
 def test_dynamic_allocation_is_refused_in_one_line_that_says_what_to_set():

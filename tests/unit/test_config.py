@@ -133,7 +133,7 @@ def _bad_inputs(tmp):
         (train + ["run.output_dir=nosuch://nn/x"], "unknown scheme 'nosuch'"),
         (train + ["algorithm.name=ddp", "algorithm.timeout_s=-1"], "'algorithm.timeout_s'"),
         (train + ["cluster.service_port=70000"], "'cluster.service_port'"),
-        (train + ["cluster.master=sc://spark-connect:15002"], "Spark Connect"),
+        (train + ["cluster.master=sc://spark-connect:15002:7"], "is not a Spark Connect address"),
         (train + ["cluster.gpus=two"], "cluster.gpus is auto, none or a whole number"),
         (train + ["cluster.gpus=64"], "CUDA device(s) visible"),
         (train + ["training.min_agents=3"], "min_agents=3 exceeds training.agents=2"),

@@ -25,10 +25,8 @@ class Silent:
 
 
 def _run(monkeypatch, op, channel, bcast=None):
-    monkeypatch.setattr(exchange, "_claim", lambda plan: (channel, {"agent": 3}, None))
+    monkeypatch.setattr(exchange, "_claim", lambda plan, candidates: (channel, {"agent": 3}, lambda timeout: channel))
     monkeypatch.setattr(exchange.placement, "executor_id", lambda: "7")
-    monkeypatch.setattr(exchange.placement, "agent_socket", lambda run_id, agent: "unused")
-    monkeypatch.setattr(exchange.Channel, "connect", classmethod(lambda cls, *a, **k: channel))
     plan = ExchangePlan(run_id="r", secret=b"s", token="t", op=op, cycle=5, reduce_shard=0, bcast_shard=0,
                         reduce_numel=4, timeout_s=1.0)
     return next(exchange.exchange_partition(plan, bcast, iter(())))

@@ -17,7 +17,7 @@ LAYERS = [
     ["mpca.checkpoint", "mpca.stopping", "mpca.evaluation", "mpca.progress", "mpca.observers"],
     ["mpca.sim"],  # the virtual-time simulator: the algorithms' rules without Spark (never mpca.runtime)
     ["mpca.runtime"],  # Spark
-    ["mpca.trainer"],
+    ["mpca.trainer", "mpca.connect"],  # fit, and fit over Spark Connect (its client and coordinator)
     ["mpca.ml", "mpca.tracking"],
     ["mpca.job", "mpca.predict", "mpca.bench"],
     ["mpca.cli"],

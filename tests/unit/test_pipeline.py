@@ -14,12 +14,15 @@ def _pipeline(executors=1):
     import torch
 
     from mpca.algorithm.mpca import MPCA
+    from mpca.runtime.broadcasts import Broadcasts
+    from mpca.runtime.jobs import ExchangeJobs
     from mpca.runtime.pipeline import ExchangePipeline
     from mpca.runtime.roster import AgentRoster
 
     algorithm = MPCA(shards=1)
     rule = algorithm.driver_rule([torch.zeros(4)], agents=2)
-    return ExchangePipeline(None, "r", b"s", rule, algorithm, AgentRoster([0, 1]), Codec(), executors=executors)
+    return ExchangePipeline(ExchangeJobs(None, "r", b"s", AgentRoster([0, 1]), Codec(), executors),
+                            Broadcasts(None, Codec()), rule, algorithm)
 
 
 def test_with_fewer_agents_than_executors_jobs_reach_every_executor_at_once(monkeypatch):
@@ -59,11 +62,14 @@ def test_a_handed_in_contribution_joins_the_next_reduction_of_its_shard_if_the_d
     import torch
 
     from mpca.algorithm.sync import Sync
+    from mpca.runtime.broadcasts import Broadcasts
+    from mpca.runtime.jobs import ExchangeJobs
     from mpca.runtime.pipeline import ExchangePipeline
 
     algorithm = Sync(every=5)
     rule = algorithm.driver_rule([torch.zeros(2)], agents=2)
-    pipe = ExchangePipeline(None, "r", b"s", rule, algorithm, AgentRoster([0, 1]), Codec())
+    pipe = ExchangePipeline(ExchangeJobs(None, "r", b"s", AgentRoster([0, 1]), Codec()), Broadcasts(None, Codec()),
+                            rule, algorithm)
     pipe.hand_in(1, 0, WeightedSum.of(torch.tensor([4.0, 6.0]), 1.0), {"round": 0})
     pipe.hand_in(1, 0, WeightedSum.of(torch.tensor([100.0, 100.0]), 1.0), {"round": 3})  # not this round's
     from_exchange = WeightedSum(torch.tensor([2.0, 2.0]), 1.0)

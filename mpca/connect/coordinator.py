@@ -1,0 +1,149 @@
+"""A Spark Connect run's coordinator: the run's driver side, inside the cluster as one long-lived Spark task.
+
+A Connect client (a Databricks notebook on standard or serverless compute, any ``sc://`` client) has no
+SparkContext, and the executors may not reach it; so the driver side of the algorithm — the joint model, the
+3-phase pipeline with its τ-weighted reductions (Eq. 9), the projection (Eqs. 4–5), the parameter service,
+evaluation, checkpoints and the stop rules — runs here, as :meth:`mpca.trainer.Trainer.run_prepared` with the
+agents reached through :class:`~mpca.runtime.relay.RelaySide`.  What the client needs back goes to the run's
+directory (:mod:`mpca.runtime.rundir`): every history row as it comes, then the result and the final model;
+the client's stop request and its heartbeat come the other way (a client that died stops the run, as Ctrl-C
+would, after ``cluster.client_gone_s``).
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, Optional
+
+import pyarrow as pa
+
+from mpca.config import Settings
+from mpca.errors import UserError
+from mpca.observers import RunObserver
+from mpca.runtime.rundir import CLIENT, FAILED, MODEL, RESULT, STOP, RunDir, reachable_host
+
+log = logging.getLogger("mpca.connect")
+
+SUMMARY_SCHEMA = "summary string"
+STOP_POLL_S = 0.5
+
+
+@dataclass
+class CoordinatorJob:
+    """What the client ships to the coordinator's task, inside its closure (as the agents' spec travels): the
+    user's functions, the settings, the prepared run (:class:`mpca.trainer.Prepared`, without its DataFrame),
+    the run's identity and directory."""
+
+    model_fn: Callable
+    loss_fn: Callable
+    optimizer_fn: Callable
+    settings: Settings
+    prepared: Any
+    run_id: str
+    secret: bytes = field(repr=False)
+    relay: str = ""
+    max_payload: int = 0
+
+
+def plain(value):
+    """A history or timeline value as JSON keeps it: NaN and infinities as None, tensors and numpy scalars as
+    numbers, dict keys as strings."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RowsToRunDir(RunObserver):
+    """The coordinator's observer: each history row to the run directory, where the client reads it."""
+
+    def __init__(self, rundir: RunDir):
+        self.rundir = rundir
+        self.rows = 0
+
+    def __call__(self, row: Dict[str, Any]) -> None:
+        self.rundir.write_row(self.rows, plain(row))
+        self.rows += 1
+
+
+def _watch_client(rundir: RunDir, trainer, gone_s: float, done: threading.Event) -> None:
+    """Stop the run after its current cycle once the client asks (``stop.json``), or once it has not said it is
+    there (``client.json``) for ``gone_s``: a Connect server does not end the jobs of a client that died."""
+    heard, last = None, time.monotonic()  # the client's last beat, on this host's clock (the client's may differ)
+    while not done.wait(STOP_POLL_S):
+        if rundir.read(STOP) is not None:
+            trainer.request_stop()
+            return
+        beat = rundir.read(CLIENT)
+        if beat is not None and beat.get("beat") != heard:
+            heard, last = beat.get("beat"), time.monotonic()
+        if time.monotonic() - last > gone_s:
+            log.warning("no word from the client for %.0fs (cluster.client_gone_s): the run stops", gone_s)
+            trainer.request_stop()
+            return
+
+
+def coordinate(job: CoordinatorJob) -> Dict[str, Any]:
+    """Run the coordinator; write the result (or the failure) to the run directory; return a short summary."""
+    import torch
+
+    from mpca.runtime.relay import RelaySide
+    from mpca.runtime.run import AgentRun
+    from mpca.trainer import Trainer
+
+    rundir = RunDir(job.relay)
+    trainer = Trainer(job.model_fn, job.loss_fn, job.optimizer_fn, job.settings)
+    prep, st = job.prepared, job.settings
+    ck = prep.checkpoint
+    side = RelaySide(rundir, st, job.run_id, job.secret, job.max_payload,
+                     st.cluster.service_host or reachable_host())
+    done = threading.Event()
+    threading.Thread(target=_watch_client, args=(rundir, trainer, st.cluster.client_gone_s, done), daemon=True,
+                     name="mpca-client-watch").start()
+    try:
+        result = trainer.run_prepared(prep, RowsToRunDir(rundir), lambda: AgentRun(
+            None, None, model=prep.model, model_fn=job.model_fn, loss_fn=job.loss_fn, optimizer_fn=job.optimizer_fn,
+            settings=st, driver_state=ck.driver_state if ck else None, pending=ck.pending if ck else None,
+            wire_state=ck.wire if ck else None, classes=prep.classes, holdout_on_agents=prep.on_agents, side=side))
+    except BaseException as e:  # noqa: BLE001 - the client raises it, as fit would have
+        user = isinstance(e, UserError)
+        line = str(e) if user else f"{type(e).__name__}: {e}"
+        rundir.write(FAILED, {"error": line, "user_error": user, "traceback": traceback.format_exc()})
+        return {"failed": line}
+    finally:
+        done.set()
+    buf = io.BytesIO()
+    torch.save(result.model.state_dict(), buf)
+    rundir.store.write_atomic(MODEL, buf.getvalue())
+    rundir.write(RESULT, plain({
+        "cycles": result.cycles, "wall_s": result.wall_s, "stop_reason": result.stop_reason,
+        "final": {"error": result.final.error, "loss": result.final.loss}, "run_id": result.run_id,
+        "algorithm": result.algorithm, "layout": result.layout, "first_cycle": result.first_cycle,
+        "counters": {"jobs": result.counters.jobs, "broadcasts": result.counters.broadcasts,
+                     "job_group": result.counters.job_group, "service_bytes": result.counters.service_bytes},
+        "agents_up_s": result.agents_up_s, "first_exchange_s": result.first_exchange_s,
+        "first_exchange_job_end_s": result.first_exchange_job_end_s, "prepare_s": result.prepare_s,
+        "startup": result.startup, "history": result.history.to_dict("records"),
+        "timeline": list(result.timeline.iter_rows()), "agents": result.agents, "written_at": time.time()}))
+    return {"cycles": result.cycles, "stop_reason": result.stop_reason}
+
+
+def coordinator_task(job: CoordinatorJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The coordinator's Spark task (``mapInArrow`` over one row): the run, then its summary as one row."""
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"summary": [json.dumps(coordinate(job), default=str)]})
+
+
+__all__ = ["CoordinatorJob", "coordinate", "coordinator_task", "plain", "RowsToRunDir"]

@@ -1,0 +1,135 @@
+"""A Spark Connect run's pieces without Spark: the run's directory (mpca.runtime.rundir), the coordinator's relay
+jobs against agents' real channel servers on TCP in threads (mpca.runtime.relay), an agent's reading of the
+coordinator's services, and the client's timeline and history rows rebuilt from the coordinator's JSON."""
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from mpca.algorithm.wire import Codec
+from mpca.runtime.agent_server import ChannelServer
+from mpca.runtime.channel import listen_tcp
+from mpca.runtime.relay import AgentDirectory, HeldBroadcasts, RelayJobs
+from mpca.runtime.roster import AgentRoster
+from mpca.runtime.rundir import COORDINATOR, RunDir
+
+SECRET = b"k" * 32
+
+
+def test_history_rows_are_read_in_order_up_to_the_first_gap_and_announcements_by_agent(tmp_path):
+    rundir = RunDir(str(tmp_path / "run")).create()
+    for n in (0, 1, 3):
+        rundir.write_row(n, {"cycle": n})
+    assert [r["cycle"] for r in rundir.rows_from(0)] == [0, 1]  # row 2 not there yet: 3 waits for it
+    assert rundir.rows_from(2) == []
+    rundir.write_row(2, {"cycle": 2})
+    assert [r["cycle"] for r in rundir.rows_from(1)] == [1, 2, 3]
+    rundir.announce_agent(0, "10.0.0.1", 4000, attempt=0)
+    rundir.announce_agent(0, "10.0.0.2", 4001, attempt=1)  # a replacement's announcement replaces its predecessor's
+    rundir.announce_agent(3, "10.0.0.3", 4002, attempt=0)
+    agents = rundir.agents()
+    assert sorted(agents) == [0, 3] and (agents[0]["host"], agents[0]["port"], agents[0]["attempt"]) == ("10.0.0.2", 4001, 1)
+    assert rundir.read("missing.json") is None and rundir.wait_for("missing.json", 0.05) is None
+    assert not any("secret" in json.dumps(rundir.read(n)) for n in rundir.names())
+
+
+class FakeAgent:
+    """An agent's channel server on TCP answering claims once per token, yields with its shard and weight, and
+    deliveries (recorded)."""
+
+    def __init__(self, agent: int, shard: np.ndarray, weight: float):
+        self.agent, self.shard, self.weight = agent, shard.astype(np.float32), weight
+        self.delivered, self.tokens, self.stopped = [], set(), False
+        self.srv = listen_tcp("127.0.0.1", 0)
+        server = ChannelServer(f"agent {agent}", SECRET, 1 << 20, self.handle, lambda: self.stopped)
+        threading.Thread(target=server.serve, args=(self.srv,), daemon=True).start()
+
+    def handle(self, header, payload):
+        info = {"agent": self.agent, "pid": 100 + self.agent, "executor": "x"}
+        if header["op"] == "claim":
+            fresh = header["token"] not in self.tokens
+            self.tokens.add(header["token"])
+            return {**info, "ok": fresh}, None
+        if header["op"] == "yield":
+            return {**info, "weight": self.weight}, self.shard.tobytes()
+        if header["op"] == "deliver":
+            self.delivered.append(np.frombuffer(bytes(payload), np.float32).tolist())
+            return {**info, "ok": True}, None
+        return {"error": "unknown"}, None
+
+    def close(self):
+        self.stopped = True
+        self.srv.close()
+
+
+def test_a_relay_job_reaches_each_announced_agent_over_tcp_and_sums_eq_9_as_the_tree_would(tmp_path):
+    """Two agents with shards (1, 1) and (2, 4) and weights τ = 2 and 3: the reduce part's partial is
+    2·(1, 1) + 3·(2, 4) = (8, 14) with weight 5, both agents are counted, and the deliver part hands each the
+    held payload; an agent that has not announced itself is reported misplaced by each part, not waited for."""
+    rundir = RunDir(str(tmp_path / "run")).create()
+    agents = [FakeAgent(0, np.array([1.0, 1.0]), 2.0), FakeAgent(1, np.array([2.0, 4.0]), 3.0)]
+    try:
+        for a in agents:
+            rundir.announce_agent(a.agent, "127.0.0.1", a.srv.getsockname()[1], attempt=0)
+        roster = AgentRoster([0, 1, 2])
+        jobs = RelayJobs(AgentDirectory(rundir, SECRET, 1 << 20), "r", SECRET, roster, Codec(), task_timeout_s=5)
+        held = HeldBroadcasts(Codec()).create(__import__("torch").tensor([0.5, 0.25]), shard=0)
+        reduce = jobs.plan("c0/r", "reduce", cycle=0, reduce_shard=0, reduce_numel=2)
+        deliver = jobs.plan("c0/b", "deliver", cycle=0, bcast_shard=0)
+        rec = jobs.run_parts([(deliver, 2, held), (reduce, 2, None)], "cycle 0", "cycle")
+        assert rec.partial.weight == 5.0 and np.asarray(rec.partial.total).tolist() == [8.0, 14.0]
+        assert sorted(rec.agents) == [0, 1] and sorted(rec.delivered) == [0, 1] and rec.misplaced == ["agent 2's relay"] * 2
+        assert [a.delivered for a in agents] == [[[0.5, 0.25]]] * 2
+        assert jobs.counts == {"cycle": 1, "deliver": 1, "correction": 0, "control": 0}
+        again = jobs.run(jobs.plan("c0/r", "reduce", cycle=0, reduce_shard=0, reduce_numel=2), 2, None, "again")
+        assert again.agents == {}  # one answer per agent and token, as for Spark's tasks
+        jobs.close()
+    finally:
+        for a in agents:
+            a.close()
+
+
+def test_an_agent_reads_the_coordinators_services_and_refuses_a_malformed_file(tmp_path, monkeypatch):
+    from mpca.runtime import agent as agent_module
+    from mpca.runtime.agent import AgentSpec, with_coordinator
+
+    rundir = RunDir(str(tmp_path / "run")).create()
+    spec = AgentSpec(run_id="r", secret=SECRET, model_fn=None, loss_fn=None, optimizer_fn=None, layout=None,
+                     initial=None, relay=rundir.location)
+    monkeypatch.setattr(agent_module, "COORDINATOR_WAIT_S", 0.1)
+    with pytest.raises(RuntimeError, match="did not say where it is"):
+        with_coordinator(spec)
+    rundir.write(COORDINATOR, {"host": "10.0.0.9", "service": ["10.0.0.9", 7077], "rendezvous": {"port": 5}})
+    got = with_coordinator(spec)
+    assert got.service == ("10.0.0.9", 7077) and got.rendezvous == {"port": 5} and got.secret == SECRET
+    rundir.write(COORDINATOR, {"host": "h", "service": "10.0.0.9:7077"})
+    with pytest.raises(ValueError, match="not \\[host, port\\]"):
+        with_coordinator(spec)
+
+
+def test_the_clients_timeline_and_history_come_back_from_the_coordinators_json():
+    """Rows through JSON (dict keys as strings, NaN as null) read back as a classic run's: agent ids as ints, the
+    totals summed — 2 cycles that broadcast and reduced, one of them overlapping — and NaN errors."""
+    from mpca.connect.client import history_row, timeline_row
+    from mpca.connect.coordinator import plain
+    from mpca.runtime.timeline import CycleRecord, Timeline
+
+    recs = [CycleRecord(c, reduce_shard=c % 2, bcast_shard=(c + 1) % 2 if c else None, t_submit=float(c),
+                        bytes_up=10, bytes_down=4 * c) for c in range(3)]
+    recs[1].bcast_end, recs[1].reduce_start = 1.5, 1.2  # cycle 1's broadcast ends after its reduce started
+    recs[2].bcast_end, recs[2].reduce_start = 2.1, 2.5
+    classic = Timeline()
+    for r in recs:
+        classic.add(r)
+    sent = json.loads(json.dumps(plain(classic.rows())))
+    timeline = Timeline.of_rows(timeline_row(r) for r in sent)
+    assert timeline.rows() == classic.rows()
+    assert (timeline.totals.bytes_up, timeline.totals.bytes_down) == (30, 12)
+    assert (timeline.totals.exchanged, timeline.totals.overlapped, timeline.totals.shards) == \
+        (classic.totals.exchanged, classic.totals.overlapped, {0, 1})
+    assert timeline.overlap_fraction(0) == classic.overlap_fraction(0)
+    row = history_row(json.loads(json.dumps(plain({"holdout_error": float("nan"), "weight": {3: 2.0}}))))
+    assert np.isnan(row["holdout_error"]) and row["weight"] == {3: 2.0}
