@@ -153,8 +153,10 @@ class Trainer:
         d, rows = self.settings.data, self.settings.eval.calibration_rows
         return tensors(take_arrow(train_df.select(d.features, d.label), rows), d.features, d.label, d.input_shape)[0]
 
-    def _restore(self, model, specs) -> tuple:
-        """Apply init_from / resume to the driver's model; return the checkpoint resumed from (or None)."""
+    def restore(self, model, specs):
+        """Apply ``checkpoint.init_from`` / ``checkpoint.resume`` to the driver's ``model`` (its shard ``specs``:
+        name, size, dtype); return the checkpoint resumed from (or None).  A Connect run's coordinator that
+        Spark started again resumes through it (:mod:`mpca.connect.coordinator`)."""
         from mpca import checkpoint
 
         ck_set, algo = self.settings.checkpoint, self.settings.algorithm
@@ -234,7 +236,7 @@ class Trainer:
         model = self.model_fn()
         layout = st.algorithm.shard_layout(model)
         specs = [(t.name, t.numel, str(t.dtype)) for t in layout.specs]
-        ck = self._restore(model, specs)
+        ck = self.restore(model, specs)
         rows_df, train_df, hold_df = self._frames(df, holdout)
         d = st.data
         # The agents set the holdout aside as their rows arrive (mpca.data.holdout: the driver's own read of it

@@ -21,6 +21,7 @@ import io
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -35,13 +36,26 @@ import torch
 from mpca.connect.coordinator import SUMMARY_SCHEMA, CoordinatorJob, coordinator_task
 from mpca.errors import RunFailedError, UserError
 from mpca.observers import observer_of
-from mpca.runtime.rundir import AGENTS_ENDED, CLIENT, FAILED, MODEL, RESULT, STOP, RunDir
+from mpca.runtime.rundir import AGENTS_ENDED, CLIENT, COORDINATOR, FAILED, MODEL, RESULT, STOP, RunDir
 
 log = logging.getLogger("mpca.connect")
 
 FOLLOW_S = 0.5  # how often the client reads the run's directory
 HEARTBEAT_S = 5.0  # how often it says it is there (the coordinator stops after cluster.client_gone_s without)
 AGENTS_END_WAIT_S = 60.0  # after the coordinator's task: how long the agents' job may take to end by itself
+
+
+OLDEST_SERVER = (3, 5)  # mapInArrow, per-thread tags and interruptTag over Connect
+
+
+def check_server(spark) -> None:
+    """Refuse, in one line, a Connect server older than the features this mode uses."""
+    version = str(spark.version)
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+    if parts < OLDEST_SERVER:
+        raise UserError(f"the Spark Connect server runs Spark {version}; mpca's Connect mode needs Spark "
+                        f"{'.'.join(map(str, OLDEST_SERVER))} or newer (mapInArrow, job tags): use a newer server "
+                        "or a classic session")
 
 
 def connect_location(spark, settings, run_id: str) -> Tuple[str, bool]:
@@ -111,6 +125,24 @@ def timeline_row(row: Dict[str, Any]) -> Dict[str, Any]:
     return {**row, "weight": _int_keys(row.get("weight")), "steps_per_s": _int_keys(row.get("steps_per_s"))}
 
 
+def _agents_profile(df, use_gpus) -> Dict[str, Any]:
+    """The agents' resource profile where the server takes one (Spark 4.0+): a CPU each, and a GPU each with
+    ``training.use_gpus: true`` (a client cannot see the executors' GPUs to decide it itself); none on Spark 3.5."""
+    import inspect
+
+    if "profile" not in inspect.signature(df.mapInArrow).parameters:
+        return {}
+    from mpca.runtime.cluster import agent_resource_profile
+
+    profile = agent_resource_profile(use_gpus is True, pinned=False)
+    try:
+        profile.id  # made on the server now, in fit's thread: the agents' thread has no active session
+    except RuntimeError as e:  # no active session in this thread either: the agents take the default profile
+        log.warning("the agents' resource profile could not be made (%s): they run with the default one", e)
+        return {}
+    return {"profile": profile}
+
+
 def _absolute_dirs(settings):
     """The settings with a relative local ``checkpoint.dir`` and ``cluster.connect_dir`` made absolute here."""
     from mpca.storage import is_uri
@@ -136,6 +168,7 @@ def fit_over_connect(trainer, spark, df, holdout, called: float):
 
     st = trainer.settings
     training, data, algo = st.training, st.data, st.algorithm
+    check_server(spark)
     if training.elastic:
         raise UserError("training.agents as MIN-MAX (an elastic run) is not available over Spark Connect yet: give "
                         "a number of agents")
@@ -163,8 +196,9 @@ def fit_over_connect(trainer, spark, df, holdout, called: float):
     agents_df = balanced(prep.agents_df, training.agents, data.shuffle)
     coordinator = _Job(spark, tag, "coordinator", lambda: spark.range(1, numPartitions=1).mapInArrow(
         functools.partial(coordinator_task, job), SUMMARY_SCHEMA).collect()).start()
+    profile = _agents_profile(agents_df, training.use_gpus)
     agents = _Job(spark, tag, "agents", lambda: agents_df.mapInArrow(
-        functools.partial(agent_task, spec, data.features, data.label), AGENT_SUMMARY).collect()).start()
+        functools.partial(agent_task, spec, data.features, data.label), AGENT_SUMMARY, **profile).collect()).start()
     log.info("Spark Connect run %s: its coordinator and %d agents started; they meet in %s", run_id,
              training.agents, location)
     progress = Progress(st.progress, st.stop.target, metric=st.eval.metric)
@@ -172,7 +206,8 @@ def fit_over_connect(trainer, spark, df, holdout, called: float):
     history: List[Dict[str, Any]] = []
     failed = False
     try:
-        ended_said = stop_said = False
+        ended_said = stop_said = coordinator_up = False
+        started = time.monotonic()
         beats, beat_at = 0, -HEARTBEAT_S
         while True:
             alive = coordinator.alive()
@@ -186,6 +221,12 @@ def fit_over_connect(trainer, spark, df, holdout, called: float):
             if trainer.stop_requested.is_set() and not stop_said:
                 rundir.write(STOP, {"at": time.time()})
                 stop_said = True
+            coordinator_up = coordinator_up or rundir.read(COORDINATOR) is not None
+            if not coordinator_up and alive and time.monotonic() - started > st.cluster.agent_start_timeout_s:
+                raise RunFailedError(f"the run's coordinator task did not start within "
+                                     f"{st.cluster.agent_start_timeout_s:.0f}s (cluster.agent_start_timeout_s): a "
+                                     f"Spark Connect run needs a free task slot for it beside its "
+                                     f"{training.agents} agents'")
             for row in rundir.rows_from(len(history)):
                 row = history_row(row)
                 history.append(row)
@@ -216,7 +257,8 @@ def fit_over_connect(trainer, spark, df, holdout, called: float):
     model.load_state_dict(state)
     import pandas as pd
 
-    fit = FitResult(model=model.cpu(), history=pd.DataFrame([history_row(r) for r in result["history"]]),
+    # the rows as they came (a coordinator started again wrote its rows after its first attempt's), and the final
+    fit = FitResult(model=model.cpu(), history=pd.DataFrame(history + [history_row(result["history"][-1])]),
                     timeline=Timeline.of_rows(timeline_row(r) for r in result["timeline"]),
                     agents=agents.summaries() or result["agents"], cycles=result["cycles"], wall_s=result["wall_s"],
                     stop_reason=result["stop_reason"],

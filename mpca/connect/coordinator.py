@@ -68,9 +68,10 @@ def plain(value):
 class RowsToRunDir(RunObserver):
     """The coordinator's observer: each history row to the run directory, where the client reads it."""
 
-    def __init__(self, rundir: RunDir):
+    def __init__(self, rundir: RunDir, rows: int = 0):
+        """``rows``: the rows already there (an earlier attempt's): the next one is numbered after them."""
         self.rundir = rundir
-        self.rows = 0
+        self.rows = rows
 
     def __call__(self, row: Dict[str, Any]) -> None:
         self.rundir.write_row(self.rows, plain(row))
@@ -94,6 +95,26 @@ def _watch_client(rundir: RunDir, trainer, gone_s: float, done: threading.Event)
             return
 
 
+def _attempt() -> int:
+    """This task's attempt (0: its first; Spark retries a task whose executor or process was lost)."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    return tc.attemptNumber() if tc is not None else 0
+
+
+def _resumed(trainer, prep, attempt: int):
+    """The prepared run of a coordinator started again: the model, the driver rule's state and the pending
+    reduction of the last checkpoint in ``checkpoint.dir`` (none: the run's start) — the agents rejoin from it."""
+    from dataclasses import replace
+
+    model = prep.model
+    ck = trainer.restore(model, prep.specs) if trainer.settings.checkpoint.dir else None
+    log.warning("the coordinator's task was started again (attempt %d): it resumes from %s", attempt,
+                f"the checkpoint of cycle {ck.cycle}" if ck else "the run's start (no checkpoint was written)")
+    return replace(prep, model=model, checkpoint=ck or prep.checkpoint)
+
+
 def coordinate(job: CoordinatorJob) -> Dict[str, Any]:
     """Run the coordinator; write the result (or the failure) to the run directory; return a short summary."""
     import torch
@@ -103,16 +124,21 @@ def coordinate(job: CoordinatorJob) -> Dict[str, Any]:
     from mpca.trainer import Trainer
 
     rundir = RunDir(job.relay)
-    trainer = Trainer(job.model_fn, job.loss_fn, job.optimizer_fn, job.settings)
     prep, st = job.prepared, job.settings
+    attempt = _attempt()
+    if attempt > 0:  # Spark started this task again: its first attempt was lost (its executor, its process)
+        st = st.model_copy(update={"checkpoint": st.checkpoint.model_copy(update={"resume": True})})
+    trainer = Trainer(job.model_fn, job.loss_fn, job.optimizer_fn, st)
+    if attempt > 0:
+        prep = _resumed(trainer, prep, attempt)
     ck = prep.checkpoint
     side = RelaySide(rundir, st, job.run_id, job.secret, job.max_payload,
-                     st.cluster.service_host or reachable_host())
+                     st.cluster.service_host or reachable_host(), attempt)
     done = threading.Event()
     threading.Thread(target=_watch_client, args=(rundir, trainer, st.cluster.client_gone_s, done), daemon=True,
                      name="mpca-client-watch").start()
     try:
-        result = trainer.run_prepared(prep, RowsToRunDir(rundir), lambda: AgentRun(
+        result = trainer.run_prepared(prep, RowsToRunDir(rundir, len(rundir.rows_from(0))), lambda: AgentRun(
             None, None, model=prep.model, model_fn=job.model_fn, loss_fn=job.loss_fn, optimizer_fn=job.optimizer_fn,
             settings=st, driver_state=ck.driver_state if ck else None, pending=ck.pending if ck else None,
             wire_state=ck.wire if ck else None, classes=prep.classes, holdout_on_agents=prep.on_agents, side=side))

@@ -409,10 +409,15 @@ class Agent:
                 torch._foreach_copy_(self.shards.views(s), p)
         log.info("agent %s (attempt %d) starts from the parameter service's current model", self.id, self.attempt)
 
-    def _join(self, payload: bytearray, params: dict) -> None:
-        """Start from the driver's joint model (every shard), with a fresh optimizer and fresh counters."""
+    def _join(self, payload: bytearray, params: dict, cycle: Optional[int] = None) -> None:
+        """Start from the driver's joint model (every shard) of ``cycle``, with a fresh optimizer and fresh
+        counters: deliveries of that cycle or older are not taken after it, and what it yielded before is
+        settled (a Connect run's coordinator that Spark started again counts its cycles from its checkpoint)."""
         pieces, state = self._joint_pieces(payload)
         with self._served():
+            if cycle is not None:
+                self._delivered_cycle = [int(cycle)] * self.spec.layout.num_shards
+            self._unsettled.clear()
             with torch.no_grad():
                 for s, p in enumerate(pieces):
                     torch._foreach_copy_(self.shards.views(s), p)
@@ -457,7 +462,7 @@ class Agent:
             self.last_params = params  # the latest cycle's (a rule's parameters are per cycle, not per shard)
         if op == "join":
             if self.joining:
-                self._join(payload, params)
+                self._join(payload, params, cycle)
             return {"ok": True}, None
         if op == "deliver":
             s = self._shard(header)

@@ -13,6 +13,7 @@ own connection.  The 3-phase schedule, the roster, corrections, joins and the co
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -96,11 +97,17 @@ class RelayJobs(ExchangeJobs):
     it must reach (its plan's ``only_agents``, else every agent announced or on the roster)."""
 
     def __init__(self, directory: AgentDirectory, run_id: str, secret: bytes, roster: AgentRoster, codec: Codec,
-                 task_timeout_s: float):
+                 task_timeout_s: float, attempt: int = 0):
+        """``attempt``: the coordinator task's attempt, in every claim token — the agents remember the tokens
+        they answered, and a coordinator started again counts its cycles from its checkpoint."""
         super().__init__(None, run_id, secret, roster, codec, executors=max(1, len(roster.agents)),
                          task_timeout_s=task_timeout_s)
         self.directory = directory
+        self.attempt = attempt
         self._relay = ThreadPoolExecutor(max_workers=RELAY_THREADS, thread_name_prefix="mpca-relay")
+
+    def plan(self, token: str, op: str, **kw) -> ExchangePlan:
+        return super().plan(f"{self.attempt}:{token}", op, **kw)
 
     def spread(self, agents: int, attempt: int = 1) -> int:
         return agents  # one relay task per agent: none lands where its agent is not
@@ -163,13 +170,9 @@ class AgentsWatch:
         return str(ended.get("failure")) if ended else "the agents' Spark job ended"
 
     def join(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self._checked = 0.0
-            if not self.alive():
-                return True
-            time.sleep(0.2)
-        return False
+        """Nothing to wait for here: the agents were told to stop, and the client waits for their job to end
+        (and interrupts it if it would not)."""
+        return True
 
     def cancel(self) -> None:
         """The client cancels the agents' job once the coordinator's task has returned."""
@@ -179,8 +182,17 @@ class RelaySide:
     """What :class:`~mpca.runtime.run.AgentRun` drives its agents through inside a Connect run's coordinator
     task (the classic driver's is :class:`~mpca.runtime.spark_side.SparkSide`)."""
 
-    def __init__(self, rundir: RunDir, settings, run_id: str, secret: bytes, max_payload: int, host: str):
+    def __init__(self, rundir: RunDir, settings, run_id: str, secret: bytes, max_payload: int, host: str,
+                 attempt: int = 0):
+        """``attempt`` > 0: Spark started the coordinator's task again (an earlier attempt was lost); the agents,
+        still running, rejoin from its joint model (restored from the last checkpoint): ``resumed``."""
         self.rundir, self.settings = rundir, settings
+        self.attempt, self.resumed = attempt, attempt > 0
+        # a client cannot see the executors to check their room first: said when the agents fail to come up
+        self.start_hint = (f" (a Spark Connect run needs a free task slot for each of its {settings.training.agents}"
+                           " agents and one for its coordinator; agents that came up but were not reached: check "
+                           "that the coordinator's executor reaches theirs over TCP — their addresses are in "
+                           f"{rundir.location}/agent-*.json)")
         self.relay_dir = rundir.location
         self._identity = (run_id, secret)
         self._host = host
@@ -206,7 +218,8 @@ class RelaySide:
         return AgentsWatch(self.rundir)
 
     def exchange_jobs(self, run_id: str, secret: bytes, roster: AgentRoster, codec: Codec) -> RelayJobs:
-        return RelayJobs(self.directory, run_id, secret, roster, codec, self.settings.cluster.task_timeout_s)
+        return RelayJobs(self.directory, run_id, secret, roster, codec, self.settings.cluster.task_timeout_s,
+                         self.attempt)
 
     def broadcasts(self, codec: Codec) -> HeldBroadcasts:
         return HeldBroadcasts(codec)
@@ -220,4 +233,4 @@ class RelaySide:
     def publish(self, service: Optional[Tuple[str, int]], rendezvous: dict) -> None:
         """Where the agents find the coordinator's services (``coordinator.json``)."""
         self.rundir.write(COORDINATOR, {"host": self._host, "service": list(service) if service else None,
-                                        "rendezvous": rendezvous})
+                                        "rendezvous": rendezvous, "pid": os.getpid(), "attempt": self.attempt})

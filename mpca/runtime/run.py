@@ -128,9 +128,16 @@ class AgentRun:
                                             self.settings.cluster.agent_start_timeout_s, self.job.alive,
                                             self.job.failure, all_agents=self.agents if training.elastic else None,
                                             submitted=t0)
+        except RunFailedError as e:
+            self.__exit__(None, None, None)
+            raise RunFailedError(f"{e}{self.side.start_hint}") from None
         except BaseException:
             self.__exit__(None, None, None)
             raise
+        if self.side.resumed:  # a coordinator started again: every agent takes its joint model before it counts
+            self.pipeline.roster.pids = {a: -1 for a in self.pipeline.roster.agents}
+            log.warning("agents %s rejoin from the joint model of the restarted coordinator",
+                        sorted(self.pipeline.roster.agents))
         skew = label_skew({a: r.labels for a, r in self.agent_info.items()})
         if skew:
             log.warning(skew)

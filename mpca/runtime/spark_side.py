@@ -25,6 +25,8 @@ class SparkSide:
     """A classic session's driver: checks that the cluster has room for the agents (or fails in one line)."""
 
     relay_dir = None  # classic agents find the driver in their task closure, not in a shared directory
+    resumed = False  # a classic driver's agents are its own: none was started by another driver
+    start_hint = ""  # said after the agents failed to come up (the classic driver checked the room before)
 
     def __init__(self, spark, settings: Settings):
         cluster.require_classic(spark)

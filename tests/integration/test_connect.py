@@ -94,27 +94,40 @@ TRAIN = """
 def test_mpca_trains_over_spark_connect_and_a_killed_agent_is_replaced(remote, tmp_path):
     """The classic API on a Connect session: the coordinator task and two agents on the server's local-cluster,
     history rows back to the client's on_cycle as the run goes, one agent's process killed mid-run (its Spark
-    task retried: the replacement announces itself, takes the joint model and contributes again), and the
+    task retried: the replacement announces itself, takes the joint model and contributes again), a connection
+    to an agent's port without the run's secret refused while the run goes on, and the
     result — model, history, timeline, counters — in the client, with the run's directory as the only channel."""
     out = _client(remote, TRAIN + f"""
     shared = {str(tmp_path)!r}
     rows, killed = [], []
 
+    refused = []
+
     def on_cycle(row):
         rows.append(row)
+        if len(rows) == 2:  # a connection to an agent's port without the run's secret is refused
+            from mpca.runtime.channel import Channel, ChannelError
+
+            [announce] = glob.glob(os.path.join(shared, "*", "agent-0.json"))
+            where = json.load(open(announce))
+            try:
+                Channel.connect_tcp(where["host"], where["port"], b"not the run's secret" * 2, timeout=10)
+            except ChannelError as e:
+                refused.append(str(e))
         if len(rows) == 4 and not killed:  # the agents train: kill agent 1's process
             [announce] = glob.glob(os.path.join(shared, "*", "agent-1.json"))
             pid = json.load(open(announce))["pid"]
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
-    res = Trainer(SmallCNN, cross_entropy, optimizer, agents=2, input_shape=(1, 8, 8), max_seconds=40,
+    res = Trainer(SmallCNN, cross_entropy, optimizer, agents=2, input_shape=(1, 8, 8), max_seconds=30,
                   eval_every_cycles=5, connect_dir=shared, spark=spark, on_cycle=on_cycle).fit(df)
     timeline = res.timeline.to_pandas()
     joined = sorted({{a for agents in timeline["joined"] for a in agents}})
     print("RESULT", json.dumps({{"error": res.final.error, "rows": len(rows), "history": len(res.history),
                                 "cycles": res.cycles, "timeline": len(timeline), "joined": joined,
                                 "killed": len(killed), "cycle_jobs": res.counters.jobs["cycle"],
+                                "refused": refused,
                                 "stop": res.stop_reason, "params": sum(p.numel() for p in res.model.parameters()),
                                 "left": sorted(os.listdir(shared))}}))
     spark.stop()
@@ -122,11 +135,46 @@ def test_mpca_trains_over_spark_connect_and_a_killed_agent_is_replaced(remote, t
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert result["killed"] == 1 and result["joined"] == [1], result  # the replacement took the joint model
+    assert len(result["refused"]) == 1, result  # ChannelError: the handshake failed
     assert result["error"] < 0.05 and result["stop"] == "max_seconds", result
     assert result["rows"] >= 5 and result["history"] == result["rows"] + 1, result  # every row reached on_cycle
     assert result["cycles"] == result["timeline"] == result["cycle_jobs"] > 20, result
     assert result["params"] == sum(p.numel() for p in SmallCNN().parameters())
     assert len(result["left"]) == 1  # the run's directory, kept: the user's connect_dir
+
+
+def test_the_coordinators_task_lost_mid_run_resumes_from_its_checkpoint_and_the_agents_rejoin(remote, tmp_path):
+    """The coordinator's process killed after a checkpoint: Spark runs its task again, which resumes from the
+    last checkpoint, the agents (still running) rejoin from that joint model, and the run ends as asked, its
+    history numbered on from the first attempt's rows."""
+    out = _client(remote, TRAIN + f"""
+    shared, checkpoints = {str(tmp_path / "shared")!r}, {str(tmp_path / "ck")!r}
+    killed = []
+
+    def on_cycle(row):
+        if not killed and os.path.isdir(checkpoints) and any(n.startswith("ckpt") for n in os.listdir(checkpoints)):
+            [where] = glob.glob(os.path.join(shared, "*", "coordinator.json"))
+            coordinator = json.load(open(where))
+            os.kill(coordinator["pid"], signal.SIGKILL)
+            killed.append(row["cycle"])
+
+    res = Trainer(SmallCNN, cross_entropy, optimizer, agents=2, input_shape=(1, 8, 8), max_seconds=35,
+                  eval_every_cycles=5, checkpoint_dir=checkpoints, checkpoint_every=10, connect_dir=shared,
+                  spark=spark, on_cycle=on_cycle).fit(df)
+    [where] = glob.glob(os.path.join(shared, "*", "coordinator.json"))
+    timeline = res.timeline.to_pandas()
+    print("RESULT", json.dumps({{"killed_at": killed, "attempt": json.load(open(where))["attempt"],
+                                "first_cycle": res.first_cycle, "stop": res.stop_reason, "error": res.final.error,
+                                "joined": sorted({{a for agents in timeline["joined"] for a in agents}}),
+                                "rows": len(res.history), "cycles": list(res.history["cycle"])}}))
+    spark.stop()
+""", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert len(result["killed_at"]) == 1 and result["attempt"] == 1, result  # Spark's retry took over
+    assert result["first_cycle"] >= 10 and result["joined"] == [0, 1], result  # from the checkpoint; both rejoin
+    assert result["stop"] == "max_seconds" and result["error"] < 0.05, result
+    assert result["rows"] > 3, result
 
 
 def test_a_parameter_service_algorithm_over_connect_and_a_stop_request_from_the_client(remote):
@@ -197,11 +245,11 @@ def test_a_client_that_dies_mid_run_stops_its_run_in_the_cluster(remote, tmp_pat
 
 
 def test_mpca_train_runs_on_a_connect_server_and_refuses_a_dead_address(remote, tmp_path):
-    """``cluster.master: sc://…`` for the CLI job: the bundled digits, trained to the config's target from a client
+    """``cluster.master: sc://…`` for the CLI job: the bundled digits, trained by sync to the config's target from a client
     of the server, outputs written as for a classic job; an address where nothing listens fails in one line
     (the Connect client itself would retry for minutes)."""
     cli = [sys.executable, "-m", "mpca.cli", "train", "-c", os.path.join(os.getcwd(), "conf", "digits.yaml"),
-           f"run.output_dir={tmp_path / 'out'}", "stop.max_seconds=60"]
+           f"run.output_dir={tmp_path / 'out'}", "stop.max_seconds=60", "algorithm.name=sync"]
     out = subprocess.run(cli + [f"cluster.master={remote}"], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYSPARK_PYTHON": sys.executable})
     assert out.returncode == 0, out.stderr[-3000:]
@@ -212,6 +260,38 @@ def test_mpca_train_runs_on_a_connect_server_and_refuses_a_dead_address(remote, 
                           timeout=120)
     assert dead.returncode != 0 and "no Spark Connect server answers at" in dead.stderr, dead.stderr[-2000:]
     assert "Traceback" not in dead.stderr
+
+
+def test_a_cluster_without_room_for_the_agents_fails_in_one_line_and_leaves_no_job(remote):
+    """Four agents and a coordinator on four task slots: the coordinator's wait for the fourth agent ends after
+    cluster.agent_start_timeout_s with one line that says what a Connect run needs, and no job of the run keeps
+    a slot (a barrier job that needs all four slots at once runs right after)."""
+    out = _client(remote, TRAIN + """
+    from mpca import RunFailedError
+
+    try:
+        Trainer(SmallCNN, cross_entropy, optimizer, agents=4, input_shape=(1, 8, 8), max_seconds=60,
+                agent_start_timeout_s=15, spark=spark).fit(df.repartition(4))
+    except RunFailedError as e:
+        print("FAILED", str(e).replace("\\n", " "))
+    t = time.time()
+    def held(batches):
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"x": [1]})
+    import pyarrow as pa
+    done = []
+    job = threading.Thread(target=lambda: done.append(
+        spark.range(0, 4, 1, 4).mapInArrow(held, "x long", barrier=True).collect()), daemon=True)
+    job.start()
+    job.join(60)
+    print("FREED", bool(done), round(time.time() - t))
+    spark.stop()
+""", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ", 1)[0].isupper())
+    assert "free task slot" in lines["FAILED"], lines  # the coordinator waited for an agent, or never started
+    assert lines["FREED"].startswith("True"), lines
 
 
 def test_the_primitives_the_connect_mode_stands_on(remote):

@@ -87,6 +87,10 @@ def test_a_relay_job_reaches_each_announced_agent_over_tcp_and_sums_eq_9_as_the_
         again = jobs.run(jobs.plan("c0/r", "reduce", cycle=0, reduce_shard=0, reduce_numel=2), 2, None, "again")
         assert again.agents == {}  # one answer per agent and token, as for Spark's tasks
         jobs.close()
+        restarted = RelayJobs(AgentDirectory(rundir, SECRET, 1 << 20), "r", SECRET, roster, Codec(), 5, attempt=1)
+        plan = restarted.plan("c0/r", "reduce", cycle=0, reduce_shard=0, reduce_numel=2)
+        assert plan.token == "1:c0/r" and sorted(restarted.run(plan, 2, None, "again").agents) == [0, 1]
+        restarted.close()  # a coordinator started again counts from its checkpoint: its tokens are new
     finally:
         for a in agents:
             a.close()
@@ -133,3 +137,15 @@ def test_the_clients_timeline_and_history_come_back_from_the_coordinators_json()
     assert timeline.overlap_fraction(0) == classic.overlap_fraction(0)
     row = history_row(json.loads(json.dumps(plain({"holdout_error": float("nan"), "weight": {3: 2.0}}))))
     assert np.isnan(row["holdout_error"]) and row["weight"] == {3: 2.0}
+
+
+def test_a_connect_server_older_than_spark_3_5_is_refused_in_one_line():
+    import types
+
+    from mpca.connect.client import check_server
+    from mpca.errors import UserError
+
+    for version in ("3.5.3", "4.0.0", "4.3.0", "10.0.1"):
+        check_server(types.SimpleNamespace(version=version))
+    with pytest.raises(UserError, match="Spark 3.4.1; mpca's Connect mode needs Spark 3.5 or newer"):
+        check_server(types.SimpleNamespace(version="3.4.1"))

@@ -1,0 +1,126 @@
+"""Spark Connect mode against classic mode, side by side in one session: the same job (``conf/teacher_mlp.yaml``,
+K agents, emulated device steps) trained from a classic driver on ``local-cluster[K,2,1024]`` and from a Connect
+client of a Connect server over the same local-cluster, alternating, ``--repeats`` times each.
+
+What it compares: the time from ``fit``'s call to the first useful exchange (``prepare_s + first_exchange_s``)
+and to the target (``prepare_s`` + the run's clock when the target was met), and cycles per second.  What it does
+not emulate: a network between the hosts (every process is on this machine, links are loopback), a remote
+client.  Run from a checkout::
+
+    python -m lab.connect_overhead --agents 2 --repeats 3 --json connect-overhead.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+STARTED = "Spark Connect server started"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(master: str, workdir: str):
+    """A Spark Connect server (pyspark's own) over ``master``; its process and ``sc://`` address."""
+    import pyspark
+
+    home = os.path.dirname(pyspark.__file__)
+    port = _free_port()
+    log = os.path.join(workdir, "server.log")
+    env = {**os.environ, "SPARK_HOME": home, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [os.path.join(home, "bin", "spark-submit"), "--class",
+             "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", master,
+             "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false",
+             "--conf", "spark.task.maxFailures=100", "--conf", f"spark.worker.dir={workdir}/work",
+             "--conf", f"spark.sql.warehouse.dir={workdir}/warehouse", "spark-internal"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.time() + 180
+    while STARTED not in open(log, errors="replace").read():
+        if server.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"the Connect server did not start: see {log}")
+        time.sleep(0.5)
+    return server, f"sc://127.0.0.1:{port}"
+
+
+def stop_server(server) -> None:
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+
+
+def one_run(master: str, args, out: str) -> dict:
+    cmd = [sys.executable, "-m", "mpca.cli", "train", "-c", "conf/teacher_mlp.yaml", f"cluster.master={master}",
+           f"training.agents={args.agents}", f"training.device_step_s={args.device_step_s}",
+           f"stop.target_error={args.target}", f"stop.max_seconds={args.max_seconds}", f"run.output_dir={out}",
+           "eval.every_cycles=2", "progress=off"]
+    t = time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    if done.returncode not in (0, 4):  # done, or stopped at max_seconds short of the target
+        raise RuntimeError(f"{master}: exit {done.returncode}: {done.stderr[-2000:]}")
+    reached = summary["status"] == "target_reached"
+    return {"prepare_s": summary["prepare_s"], "first_exchange_s": summary["first_exchange_s"],
+            "to_first_exchange_s": summary["prepare_s"] + summary["first_exchange_s"],
+            "to_target_s": summary["prepare_s"] + summary["wall_s"] if reached else None,
+            "cycles_per_s": summary["cycles"] / summary["wall_s"], "job_wall_s": time.time() - t,
+            "final_error": summary["final_holdout_error"]}
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return (statistics.median(values), min(values), max(values)) if values else (None, None, None)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agents", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device-step-s", type=float, default=0.3)
+    ap.add_argument("--target", type=float, default=0.3)
+    ap.add_argument("--max-seconds", type=float, default=120)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    master = f"local-cluster[{args.agents},2,1024]"
+    work = tempfile.mkdtemp(prefix="mpca-connect-overhead-")
+    server, remote = start_server(master, work)
+    runs = {"classic": [], "connect": []}
+    try:
+        for i in range(args.repeats):
+            for mode, where in (("classic", master), ("connect", remote)):
+                r = one_run(where, args, os.path.join(work, f"{mode}-{i}"))
+                runs[mode].append(r)
+                print(f"{mode} {i}: first exchange {r['to_first_exchange_s']:.1f}s, target "
+                      f"{r['to_target_s'] if r['to_target_s'] is None else round(r['to_target_s'], 1)}s, "
+                      f"{r['cycles_per_s']:.2f} cycles/s", flush=True)
+    finally:
+        stop_server(server)
+    table = {}
+    for key in ("to_first_exchange_s", "to_target_s", "cycles_per_s"):
+        c, k = _median(r[key] for r in runs["classic"]), _median(r[key] for r in runs["connect"])
+        table[key] = {"classic": c, "connect": k, "ratio": k[0] / c[0] if c[0] and k[0] else None}
+        print(f"{key:22s} classic {c[0]:.2f} ({c[1]:.2f}-{c[2]:.2f})  connect {k[0]:.2f} ({k[1]:.2f}-{k[2]:.2f})  "
+              f"connect/classic {table[key]['ratio']:.2f}" if c[0] and k[0] else f"{key}: not reached", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "master": master, "runs": runs, "medians": table,
+                       "emulates": "nothing of a network: every process on this machine, loopback links"}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
