@@ -70,7 +70,7 @@ def instrument(run_json: str, cycles, incarnation: int) -> None:
         rec = cycle(self, c)
         cycles.write(json.dumps({"inc": incarnation, "cycle": c, "t_submit": rec.t_submit, "t_end": rec.t_end,
                                  "weight": {a: r.weight for a, r in rec.agents.items()},
-                                 "storage_mb": round(storage_mb(self.sc), 3), "left": list(rec.left),
+                                 "storage_mb": round(storage_mb(self.side.sc), 3), "left": list(rec.left),
                                  **({"calls": dict(self.service.last_call)} if self.pipeline.exchange == "service"
                                     else {})}) + "\n")
         return rec

@@ -3,11 +3,17 @@ K agents, emulated device steps) trained from a classic driver on ``local-cluste
 client of a Connect server over the same local-cluster, alternating, ``--repeats`` times each.
 
 What it compares: the time from ``fit``'s call to the first useful exchange (``prepare_s + first_exchange_s``)
-and to the target (``prepare_s`` + the run's clock when the target was met), and cycles per second.  What it does
-not emulate: a network between the hosts (every process is on this machine, links are loopback), a remote
-client.  Run from a checkout::
+and to the target (``prepare_s`` + the run's clock when the target was met), and cycles per second, with how busy
+the machine's CPUs were during each run.  Run from a checkout::
 
     python -m lab.connect_overhead --agents 2 --repeats 3 --json connect-overhead.json
+
+On this machine's loopback it emulates no network.  Inside the emulated cluster (``lab/netcluster.py``: hosts
+behind links of a given rate, a standalone master on the driver's host) it runs both on that cluster — the
+classic driver and the Connect server on the driver's host, the Connect client beside it::
+
+    python -m lab.netcluster --workers 4 --link 100mbit -- \
+        python -m lab.connect_overhead --agents 4 --repeats 3 --target 0.26 --json k4-100mbit.json
 """
 from __future__ import annotations
 
@@ -31,6 +37,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def cluster_conf() -> dict:
+    """The Spark settings of a driver on the emulated cluster this process runs in (none on loopback)."""
+    master = os.environ.get("MPCA_SPARK_MASTER")
+    if not master:
+        return {}
+    host = os.environ["MPCA_DRIVER_HOST"]
+    return {"spark.master": master, "spark.driver.host": host, "spark.driver.bindAddress": host,
+            "spark.pyspark.python": sys.executable, "spark.executor.resource.agentslot.amount": "1",
+            "spark.task.maxFailures": "100", "spark.ui.enabled": "false"}
+
+
 def start_server(master: str, workdir: str):
     """A Spark Connect server (pyspark's own) over ``master``; its process and ``sc://`` address."""
     import pyspark
@@ -38,21 +55,23 @@ def start_server(master: str, workdir: str):
     home = os.path.dirname(pyspark.__file__)
     port = _free_port()
     log = os.path.join(workdir, "server.log")
-    env = {**os.environ, "SPARK_HOME": home, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    host = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
+    env = {**os.environ, "SPARK_HOME": home, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": host}
+    conf = {"spark.connect.grpc.binding.port": str(port), "spark.ui.enabled": "false", "spark.task.maxFailures": "100",
+            "spark.worker.dir": f"{workdir}/work", "spark.sql.warehouse.dir": f"{workdir}/warehouse",
+            **{k: v for k, v in cluster_conf().items() if k != "spark.master"}}
     with open(log, "w") as out:
         server = subprocess.Popen(
             [os.path.join(home, "bin", "spark-submit"), "--class",
              "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", master,
-             "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false",
-             "--conf", "spark.task.maxFailures=100", "--conf", f"spark.worker.dir={workdir}/work",
-             "--conf", f"spark.sql.warehouse.dir={workdir}/warehouse", "spark-internal"],
+             *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")], "spark-internal"],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.time() + 180
     while STARTED not in open(log, errors="replace").read():
         if server.poll() is not None or time.time() > deadline:
             raise RuntimeError(f"the Connect server did not start: see {log}")
         time.sleep(0.5)
-    return server, f"sc://127.0.0.1:{port}"
+    return server, f"sc://{host}:{port}"
 
 
 def stop_server(server) -> None:
@@ -63,13 +82,26 @@ def stop_server(server) -> None:
         os.killpg(server.pid, signal.SIGKILL)
 
 
+def _cpu() -> tuple:
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+
+
 def one_run(master: str, args, out: str) -> dict:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    conf = cluster_conf()
+    if conf and not master.startswith("sc://"):  # the classic driver on the emulated cluster: spark-submit's way
+        env["PYSPARK_SUBMIT_ARGS"] = " ".join(f"--conf {k}={v}" for k, v in conf.items()) + " pyspark-shell"
+        master = "existing"
+    cpu0 = _cpu()
     cmd = [sys.executable, "-m", "mpca.cli", "train", "-c", "conf/teacher_mlp.yaml", f"cluster.master={master}",
            f"training.agents={args.agents}", f"training.device_step_s={args.device_step_s}",
            f"stop.target_error={args.target}", f"stop.max_seconds={args.max_seconds}", f"run.output_dir={out}",
            "eval.every_cycles=2", "progress=off"]
     t = time.time()
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    cpu1 = _cpu()
     summary = json.load(open(os.path.join(out, "summary.json")))
     if done.returncode not in (0, 4):  # done, or stopped at max_seconds short of the target
         raise RuntimeError(f"{master}: exit {done.returncode}: {done.stderr[-2000:]}")
@@ -78,7 +110,8 @@ def one_run(master: str, args, out: str) -> dict:
             "to_first_exchange_s": summary["prepare_s"] + summary["first_exchange_s"],
             "to_target_s": summary["prepare_s"] + summary["wall_s"] if reached else None,
             "cycles_per_s": summary["cycles"] / summary["wall_s"], "job_wall_s": time.time() - t,
-            "final_error": summary["final_holdout_error"]}
+            "final_error": summary["final_holdout_error"],
+            "cpu_busy": 1 - (cpu1[1] - cpu0[1]) / max(1, cpu1[0] - cpu0[0])}  # the machine's, over the whole job
 
 
 def _median(values):
@@ -95,7 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-seconds", type=float, default=120)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    master = f"local-cluster[{args.agents},2,1024]"
+    master = os.environ.get("MPCA_SPARK_MASTER") or f"local-cluster[{args.agents},2,1024]"
     work = tempfile.mkdtemp(prefix="mpca-connect-overhead-")
     server, remote = start_server(master, work)
     runs = {"classic": [], "connect": []}
@@ -106,7 +139,7 @@ def main(argv=None) -> int:
                 runs[mode].append(r)
                 print(f"{mode} {i}: first exchange {r['to_first_exchange_s']:.1f}s, target "
                       f"{r['to_target_s'] if r['to_target_s'] is None else round(r['to_target_s'], 1)}s, "
-                      f"{r['cycles_per_s']:.2f} cycles/s", flush=True)
+                      f"{r['cycles_per_s']:.2f} cycles/s, CPUs {100 * r['cpu_busy']:.0f}% busy", flush=True)
     finally:
         stop_server(server)
     table = {}
@@ -118,7 +151,10 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "master": master, "runs": runs, "medians": table,
-                       "emulates": "nothing of a network: every process on this machine, loopback links"}, f, indent=1)
+                       "emulates": (f"lab/netcluster.py: {os.environ.get('MPCA_NETCLUSTER_WORKERS')} worker hosts and "
+                                    f"the driver's behind {os.environ.get('MPCA_NETWORK')} links"
+                                    if cluster_conf() else "nothing of a network: every process on this machine, "
+                                    "loopback links")}, f, indent=1)
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
+import functools
 import logging
 import math
 import os
@@ -164,8 +165,11 @@ class Agent:
             from mpca.runtime.service import ServiceClient
 
             host, port = spec.service
-            self.service = LeaveOnRequest(ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload),
-                                          self.asked_to_leave)
+            # a Connect run's coordinator that Spark starts again serves from elsewhere: the client finds it
+            relocate = {} if spec.relay is None else {"relocate": functools.partial(current_service, spec.relay),
+                                                      "relocate_s": COORDINATOR_WAIT_S}
+            self.service = LeaveOnRequest(ServiceClient(host, int(port), spec.secret, max_payload=spec.max_payload,
+                                                        **relocate), self.asked_to_leave)
             # a replacement (or an elastic run's agent, which may come up late) starts from the server's current
             # model, not the run's first one
             if needs_joint or spec.training.elastic:
@@ -549,20 +553,32 @@ def _np_dtype(dtype: torch.dtype):
 COORDINATOR_WAIT_S = 300.0  # how long a Connect run's agent waits for its coordinator to say where it is
 
 
+def coordinator_services(relay: str, found: Optional[dict]) -> Tuple[Optional[Tuple[str, int]], dict]:
+    """The parameter service's address and the rendezvous in a Connect run's ``coordinator.json`` (``found``;
+    JSON, checked here: no secret in it)."""
+    service = (found or {}).get("service")
+    if service is not None and not (isinstance(service, list) and len(service) == 2):
+        raise ValueError(f"{relay}/{COORDINATOR}: service is not [host, port]: {service!r}")
+    rendezvous = (found or {}).get("rendezvous") or {}
+    if not isinstance(rendezvous, dict):
+        raise ValueError(f"{relay}/{COORDINATOR}: rendezvous is not an object")
+    return ((str(service[0]), int(service[1])) if service else None), rendezvous
+
+
+def current_service(relay: str) -> Optional[Tuple[str, int]]:
+    """Where a Connect run's parameter service is now (a coordinator that Spark started again moved it)."""
+    return coordinator_services(relay, RunDir(relay).read(COORDINATOR))[0]
+
+
 def with_coordinator(spec: AgentSpec) -> AgentSpec:
     """A Connect run's spec with the coordinator's parameter service and rendezvous, as the coordinator wrote
-    them in the run directory (``coordinator.json``: JSON, checked here; no secret in it)."""
+    them in the run directory (``coordinator.json``)."""
     found = RunDir(spec.relay).wait_for(COORDINATOR, COORDINATOR_WAIT_S)
     if found is None:
         raise RuntimeError(f"the run's coordinator did not say where it is within {COORDINATOR_WAIT_S:.0f}s "
                            f"({spec.relay}/{COORDINATOR}): is the directory shared with the coordinator's executor?")
-    service = found.get("service")
-    if service is not None and not (isinstance(service, list) and len(service) == 2):
-        raise ValueError(f"{spec.relay}/{COORDINATOR}: service is not [host, port]: {service!r}")
-    rendezvous = found.get("rendezvous") or {}
-    if not isinstance(rendezvous, dict):
-        raise ValueError(f"{spec.relay}/{COORDINATOR}: rendezvous is not an object")
-    return replace(spec, service=(str(service[0]), int(service[1])) if service else None, rendezvous=rendezvous)
+    service, rendezvous = coordinator_services(spec.relay, found)
+    return replace(spec, service=service, rendezvous=rendezvous)
 
 
 def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,

@@ -272,8 +272,13 @@ class ServiceClient:
     (elastic exchanges do).  Timeouts and refused frames are not retried.
     """
 
-    def __init__(self, host: str, port: int, secret: bytes, *, max_payload: int, timeout_s: float = 60.0):
+    def __init__(self, host: str, port: int, secret: bytes, *, max_payload: int, timeout_s: float = 60.0,
+                 relocate: Optional[Callable[[], Optional[Tuple[str, int]]]] = None, relocate_s: float = 0.0):
+        """``relocate``: where the service is now — a Spark Connect run's coordinator that Spark started again
+        serves from another address; a request that cannot reach the service then looks there, for up to
+        ``relocate_s``, until the address changes, and is sent to the new one."""
         self.host, self.port = host, port
+        self.relocate, self.relocate_s = relocate, relocate_s
         self._secret = bytes(secret)
         self.max_payload = max_payload
         self.timeout_s = timeout_s
@@ -302,29 +307,58 @@ class ServiceClient:
         it cannot be reached (after one reconnection), ValueError/TypeError for an unsendable header.
         """
         with self._lock:
-            if self._closed:
-                raise ChannelError("the service client is closed")
-            reused = self._ch is not None
-            if self._ch is None:
-                self._ch = self._connect()
             try:
-                reply, body = self._exchange(self._ch, header, payload)
-            except (socket.timeout, FrameError):
-                self._drop()  # the stream is out of step with the service
-                raise
-            except (ChannelError, OSError):
-                self._drop()
-                if not reused:
+                reply, body = self._request(header, payload)
+            except FrameError:
+                raise  # a refused frame: the service is there
+            except (ChannelError, OSError) as e:
+                if self.relocate is None or self._closed:
                     raise
-                log.info("service client: connection to %s:%d dropped, reconnecting", self.host, self.port)
-                self._ch = self._connect()
-                try:
-                    reply, body = self._exchange(self._ch, header, payload)
-                except (ChannelError, OSError):
-                    self._drop()
-                    raise
+                reply, body = self._relocated(header, payload, e)
         if "error" in reply:
             raise ServiceError(str(reply["error"]))
+        return reply, body
+
+    def _relocated(self, header: dict, payload: Any, error: BaseException) -> Tuple[dict, bytearray]:
+        """The request sent to the service's new address once :attr:`relocate` names one (``error`` raised
+        again if none comes within :attr:`relocate_s`)."""
+        deadline = time.monotonic() + self.relocate_s
+        while time.monotonic() < deadline:
+            where = self.relocate()
+            if where is not None and tuple(where) != (self.host, self.port):
+                log.warning("service client: the service moved from %s:%d to %s:%d", self.host, self.port, *where)
+                self.host, self.port = where
+                try:
+                    self._ch = self._connect()
+                    return self._exchange(self._ch, header, payload)
+                except (ChannelError, OSError):
+                    self._drop()
+            time.sleep(1.0)
+        raise error
+
+    def _request(self, header: dict, payload: Any) -> Tuple[dict, bytearray]:
+        """One request on the connection (re-established once where the service dropped it)."""
+        if self._closed:
+            raise ChannelError("the service client is closed")
+        reused = self._ch is not None
+        if self._ch is None:
+            self._ch = self._connect()
+        try:
+            reply, body = self._exchange(self._ch, header, payload)
+        except (socket.timeout, FrameError):
+            self._drop()  # the stream is out of step with the service
+            raise
+        except (ChannelError, OSError):
+            self._drop()
+            if not reused:
+                raise
+            log.info("service client: connection to %s:%d dropped, reconnecting", self.host, self.port)
+            self._ch = self._connect()
+            try:
+                reply, body = self._exchange(self._ch, header, payload)
+            except (ChannelError, OSError):
+                self._drop()
+                raise
         return reply, body
 
     def close(self) -> None:

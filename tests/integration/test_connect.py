@@ -143,10 +143,12 @@ def test_mpca_trains_over_spark_connect_and_a_killed_agent_is_replaced(remote, t
     assert len(result["left"]) == 1  # the run's directory, kept: the user's connect_dir
 
 
-def test_the_coordinators_task_lost_mid_run_resumes_from_its_checkpoint_and_the_agents_rejoin(remote, tmp_path):
+@pytest.mark.parametrize("algorithm", ["mpca", "easgd"])
+def test_the_coordinators_task_lost_mid_run_resumes_from_its_checkpoint_and_the_agents_rejoin(remote, tmp_path,
+                                                                                              algorithm):
     """The coordinator's process killed after a checkpoint: Spark runs its task again, which resumes from the
-    last checkpoint, the agents (still running) rejoin from that joint model, and the run ends as asked, its
-    history numbered on from the first attempt's rows."""
+    last checkpoint; mpca's agents (still running) rejoin from that joint model, EASGD's find the parameter
+    service at its new address; the run ends as asked, its history numbered on from the first attempt's rows."""
     out = _client(remote, TRAIN + f"""
     shared, checkpoints = {str(tmp_path / "shared")!r}, {str(tmp_path / "ck")!r}
     killed = []
@@ -160,7 +162,7 @@ def test_the_coordinators_task_lost_mid_run_resumes_from_its_checkpoint_and_the_
 
     res = Trainer(SmallCNN, cross_entropy, optimizer, agents=2, input_shape=(1, 8, 8), max_seconds=35,
                   eval_every_cycles=5, checkpoint_dir=checkpoints, checkpoint_every=10, connect_dir=shared,
-                  spark=spark, on_cycle=on_cycle).fit(df)
+                  algorithm={algorithm!r}, spark=spark, on_cycle=on_cycle).fit(df)
     [where] = glob.glob(os.path.join(shared, "*", "coordinator.json"))
     timeline = res.timeline.to_pandas()
     print("RESULT", json.dumps({{"killed_at": killed, "attempt": json.load(open(where))["attempt"],
@@ -172,7 +174,8 @@ def test_the_coordinators_task_lost_mid_run_resumes_from_its_checkpoint_and_the_
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert len(result["killed_at"]) == 1 and result["attempt"] == 1, result  # Spark's retry took over
-    assert result["first_cycle"] >= 10 and result["joined"] == [0, 1], result  # from the checkpoint; both rejoin
+    assert result["first_cycle"] >= 10, result  # from the checkpoint
+    assert result["joined"] == ([0, 1] if algorithm == "mpca" else []), result  # mpca's agents rejoin
     assert result["stop"] == "max_seconds" and result["error"] < 0.05, result
     assert result["rows"] > 3, result
 

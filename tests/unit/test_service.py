@@ -294,3 +294,33 @@ def test_a_cycle_algorithms_agent_polls_leaves_and_hands_in_one_exact_vector_per
         assert svc.take_handed_in() == [] and svc.take_left() == [1] and svc.take_left() == []
     finally:
         svc.close()
+
+
+def test_a_client_that_can_relocate_follows_the_service_to_its_new_address_and_one_that_cannot_fails():
+    """A Spark Connect run's coordinator that Spark started again serves from another port: the agent's client
+    sends its request there once ``relocate`` names it (within ``relocate_s``); without ``relocate`` the request
+    fails as before, and a relocating client whose service never moves gives up after ``relocate_s``."""
+    first = ParameterService(SECRET, handler, max_payload=MAX_PAYLOAD, bind_host="127.0.0.1").start()
+    where = {"now": first.address}
+    moving = client(first, relocate=lambda: where["now"], relocate_s=10.0)
+    fixed = client(first)
+    old = first.address
+    stuck = client(first, relocate=lambda: old, relocate_s=1.5)
+    for c in (moving, fixed, stuck):
+        assert c.request({"op": "sum"}, np.ones(3, np.float32))[0] == {"sum": 3.0}
+    first.close()
+    second = ParameterService(SECRET, handler, max_payload=MAX_PAYLOAD, bind_host="127.0.0.1").start()
+    try:
+        threading.Timer(0.5, lambda: where.update(now=second.address)).start()  # the new coordinator says where
+        assert moving.request({"op": "sum"}, np.ones(4, np.float32))[0] == {"sum": 4.0}
+        assert (moving.host, moving.port) == second.address
+        with pytest.raises((ChannelError, OSError)):
+            fixed.request({"op": "sum"}, np.ones(4, np.float32))
+        t = time.monotonic()
+        with pytest.raises((ChannelError, OSError)):
+            stuck.request({"op": "sum"}, np.ones(4, np.float32))
+        assert 1.4 < time.monotonic() - t < 5
+    finally:
+        for c in (moving, fixed, stuck):
+            c.close()
+        second.close()
