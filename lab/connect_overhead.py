@@ -8,12 +8,11 @@ the machine's CPUs were during each run.  Run from a checkout::
 
     python -m lab.connect_overhead --agents 2 --repeats 3 --json connect-overhead.json
 
-On this machine's loopback it emulates no network.  Inside the emulated cluster (``lab/netcluster.py``: hosts
-behind links of a given rate, a standalone master on the driver's host) it runs both on that cluster — the
-classic driver and the Connect server on the driver's host, the Connect client beside it::
-
-    python -m lab.netcluster --workers 4 --link 100mbit -- \
-        python -m lab.connect_overhead --agents 4 --repeats 3 --target 0.26 --json k4-100mbit.json
+On this machine's loopback it emulates no network.  Inside the emulated cluster (``lab/netcluster.py``) it is
+meant to run both on that cluster — the classic driver and the Connect server on the driver's host, the Connect
+client beside it — but that does not work yet: in its first try (2026-11-29, ``--workers 4 --link 100mbit``)
+the classic job's executors never registered with its driver (started through ``PYSPARK_SUBMIT_ARGS`` with the
+cluster's settings), and the cause was not found.
 """
 from __future__ import annotations
 
