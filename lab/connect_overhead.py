@@ -8,11 +8,13 @@ the machine's CPUs were during each run.  Run from a checkout::
 
     python -m lab.connect_overhead --agents 2 --repeats 3 --json connect-overhead.json
 
-On this machine's loopback it emulates no network.  Inside the emulated cluster (``lab/netcluster.py``) it is
-meant to run both on that cluster — the classic driver and the Connect server on the driver's host, the Connect
-client beside it — but that does not work yet: in its first try (2026-11-29, ``--workers 4 --link 100mbit``)
-the classic job's executors never registered with its driver (started through ``PYSPARK_SUBMIT_ARGS`` with the
-cluster's settings), and the cause was not found.
+On this machine's loopback it emulates no network.  Inside the emulated cluster (``lab/netcluster.py``: hosts
+behind links of a given rate, a standalone master on the driver's host) it runs both on that cluster — the
+classic driver and the Connect server on the driver's host, the Connect client beside it; the Connect server
+runs only for the Connect runs, since a standalone master gives the first application every worker's cores::
+
+    python -m lab.netcluster --workers 4 --link 100mbit -- \
+        python -m lab.connect_overhead --agents 4 --repeats 3 --target 0.26 --json k4-100mbit.json
 """
 from __future__ import annotations
 
@@ -129,18 +131,21 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     master = os.environ.get("MPCA_SPARK_MASTER") or f"local-cluster[{args.agents},2,1024]"
     work = tempfile.mkdtemp(prefix="mpca-connect-overhead-")
-    server, remote = start_server(master, work)
     runs = {"classic": [], "connect": []}
-    try:
-        for i in range(args.repeats):
-            for mode, where in (("classic", master), ("connect", remote)):
+    for i in range(args.repeats):
+        for mode in ("classic", "connect"):
+            # one application on the cluster at a time: a standalone master gives the first every worker's cores,
+            # so the Connect server (an application itself) runs only for its own runs, started before the clock
+            server, where = start_server(master, work) if mode == "connect" else (None, master)
+            try:
                 r = one_run(where, args, os.path.join(work, f"{mode}-{i}"))
-                runs[mode].append(r)
-                print(f"{mode} {i}: first exchange {r['to_first_exchange_s']:.1f}s, target "
-                      f"{r['to_target_s'] if r['to_target_s'] is None else round(r['to_target_s'], 1)}s, "
-                      f"{r['cycles_per_s']:.2f} cycles/s, CPUs {100 * r['cpu_busy']:.0f}% busy", flush=True)
-    finally:
-        stop_server(server)
+            finally:
+                if server is not None:
+                    stop_server(server)
+            runs[mode].append(r)
+            print(f"{mode} {i}: first exchange {r['to_first_exchange_s']:.1f}s, target "
+                  f"{r['to_target_s'] if r['to_target_s'] is None else round(r['to_target_s'], 1)}s, "
+                  f"{r['cycles_per_s']:.2f} cycles/s, CPUs {100 * r['cpu_busy']:.0f}% busy", flush=True)
     table = {}
     for key in ("to_first_exchange_s", "to_target_s", "cycles_per_s"):
         c, k = _median(r[key] for r in runs["classic"]), _median(r[key] for r in runs["connect"])
