@@ -377,6 +377,8 @@ def test_the_primitives_the_connect_mode_stands_on(remote):
         spark.interruptAll()
         job.join(60)
         print("INTERRUPTED", not job.is_alive(), round(time.time() - t), ended.get("error"))
+        import shutil
+        shutil.rmtree(os.path.dirname(address), ignore_errors=True)
         spark.stop()
     """)
     assert out.returncode == 0, out.stderr[-3000:]
