@@ -108,11 +108,10 @@ def _resumed(trainer, prep, attempt: int):
     reduction of the last checkpoint in ``checkpoint.dir`` (none: the run's start) — the agents rejoin from it."""
     from dataclasses import replace
 
-    model = prep.model
-    ck = trainer.restore(model, prep.specs) if trainer.settings.checkpoint.dir else None
+    ck = trainer.restore(prep.model, prep.specs) if trainer.settings.checkpoint.dir else None  # into prep.model
     log.warning("the coordinator's task was started again (attempt %d): it resumes from %s", attempt,
                 f"the checkpoint of cycle {ck.cycle}" if ck else "the run's start (no checkpoint was written)")
-    return replace(prep, model=model, checkpoint=ck or prep.checkpoint)
+    return replace(prep, checkpoint=ck or prep.checkpoint)
 
 
 def coordinate(job: CoordinatorJob) -> Dict[str, Any]:
@@ -138,7 +137,7 @@ def coordinate(job: CoordinatorJob) -> Dict[str, Any]:
     threading.Thread(target=_watch_client, args=(rundir, trainer, st.cluster.client_gone_s, done), daemon=True,
                      name="mpca-client-watch").start()
     try:
-        result = trainer.run_prepared(prep, RowsToRunDir(rundir, len(rundir.rows_from(0))), lambda: AgentRun(
+        result = trainer.run_prepared(prep, RowsToRunDir(rundir, rundir.row_count()), lambda: AgentRun(
             None, None, model=prep.model, model_fn=job.model_fn, loss_fn=job.loss_fn, optimizer_fn=job.optimizer_fn,
             settings=st, driver_state=ck.driver_state if ck else None, pending=ck.pending if ck else None,
             wire_state=ck.wire if ck else None, classes=prep.classes, holdout_on_agents=prep.on_agents, side=side))

@@ -175,13 +175,12 @@ def exchange_task(plan: ExchangePlan, bcast, t_start: float,
               candidates: Callable[[ExchangePlan], List[Tuple[int, Connector]]] = local_agents,
               where: Optional[str] = None) -> ExchangeRecord:
     """Claim an agent among ``candidates`` (default: of this executor), then do the plan's one thing with it;
-    ``where`` names the task's place in a misplaced report and an error (default: this executor)."""
+    ``where`` names the task's place in a misplaced report and an error (default: this executor's id)."""
     cpu0 = time.thread_time()
     rec = ExchangeRecord()
-    where = where or f"executor {placement.executor_id()}"
     ch, info, connect = _claim(plan, candidates)
     if ch is None:
-        rec.misplaced.append(where.removeprefix("executor "))
+        rec.misplaced.append(where or placement.executor_id())
         return rec
     entry = AgentReport.from_dict(info)
     entry.t_start = t_start
@@ -202,7 +201,7 @@ def exchange_task(plan: ExchangePlan, bcast, t_start: float,
     except (TimeoutError, ConnectionError):  # it stopped answering mid-request (its process stopped, or lost)
         silent = True
     except Exception as e:  # reported to the driver, which fails the run with this message
-        entry.error = f"{plan.op} failed on {where}: {e!r}"
+        entry.error = f"{plan.op} failed on {where or f'executor {placement.executor_id()}'}: {e!r}"
     finally:
         ch.close()
     entry.t_end = time.time()

@@ -109,6 +109,10 @@ class RunDir:
     def write_row(self, n: int, row: Dict[str, Any]) -> None:
         self.write(f"row-{n:07d}.json", row)
 
+    def row_count(self) -> int:
+        """How many history rows are there (their names only: none is read)."""
+        return sum(1 for name in self.names() if name.startswith("row-") and name.endswith(".json"))
+
     def rows_from(self, n: int) -> List[Dict[str, Any]]:
         """The history rows from the n-th on, in order, as far as they are there without a gap."""
         there = sorted(int(name[4:11]) for name in self.names() if name.startswith("row-") and name.endswith(".json"))

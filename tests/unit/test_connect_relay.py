@@ -24,6 +24,7 @@ def test_history_rows_are_read_in_order_up_to_the_first_gap_and_announcements_by
     for n in (0, 1, 3):
         rundir.write_row(n, {"cycle": n})
     assert [r["cycle"] for r in rundir.rows_from(0)] == [0, 1]  # row 2 not there yet: 3 waits for it
+    assert rundir.row_count() == 3
     assert rundir.rows_from(2) == []
     rundir.write_row(2, {"cycle": 2})
     assert [r["cycle"] for r in rundir.rows_from(1)] == [1, 2, 3]
