@@ -572,8 +572,8 @@ def _session(cfg, network: str):
         f"local-cluster on one machine (no {network} emulation here)"
 
 
-def main(argv=None, *, nested: bool = False) -> int:
-    """``nested``: one K of this process's ``--agents`` sweep (an emulated cluster runs as a child of it)."""
+def build_parser() -> argparse.ArgumentParser:
+    """``mpca bench compare``'s options (the docs' commands are checked against it)."""
     ap = argparse.ArgumentParser(prog="mpca bench compare", description=__doc__.splitlines()[0])
     ap.add_argument("-c", "--config", action="append", default=[], help=f"job YAML (default {DEFAULT_CONFIG})")
     ap.add_argument("--task", choices=sorted(TASKS), help="a workload: " + ", ".join(
@@ -610,7 +610,12 @@ def main(argv=None, *, nested: bool = False) -> int:
                          "are marked INVALID")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the job config")
     refuse_renamed(ap, "--device-step", "--straggler")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None, *, nested: bool = False) -> int:
+    """``nested``: one K of this process's ``--agents`` sweep (an emulated cluster runs as a child of it)."""
+    args = build_parser().parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
     from mpca.errors import UserError
 

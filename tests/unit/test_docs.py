@@ -1,20 +1,22 @@
 """The documentation against the code (no process, no Spark): every settings key has a description (the
 configuration reference is generated from them), every error message listed in troubleshooting still exists
-in the code, every Python example in the README and the docs at least compiles, and the generated references
+in the code, every Python example in the README and the docs is marked (run by
+tests/integration/test_doc_examples.py, or needing what the tests lack) and compiles, every ``mpca`` command in
+their shell blocks parses and its settings validate (:mod:`tests.doc_examples`), and the generated references
 name every key, command and algorithm.  The site itself is built by ``make docs`` (strict)."""
 import ast
 import importlib.util
 import pathlib
 import re
-import textwrap
 
 import pytest
+
+from tests.doc_examples import MARKDOWN, SHELL, blocks, mpca_commands, python_blocks, undated
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 TROUBLESHOOTING = DOCS / "troubleshooting.md"
 ERROR_LINE = re.compile(r"^> error: `(.+)`\s*$")  # how troubleshooting.md lists a message; … = the user's value
-FENCE = re.compile(r"^(\s*)```(\w*)")
 
 
 def _reference():
@@ -90,32 +92,65 @@ def test_the_check_fails_for_a_message_that_is_gone():
     assert missing_errors(["cluster is far too small"], literals) == ["cluster is far too small"]
 
 
-def python_blocks(path: pathlib.Path):
-    """``(line, code)`` of every fenced ```python block of a Markdown file (indented ones dedented)."""
-    blocks, current, indent, start, lang = [], None, "", 0, ""
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        m = FENCE.match(line)
-        if current is None and m:
-            current, indent, start, lang = [], m.group(1), number, m.group(2)
-        elif current is not None and line.strip() == "```":
-            if lang == "python":
-                blocks.append((start, textwrap.dedent("\n".join(current))))
-            current = None
-        elif current is not None:
-            current.append(line)
-    return blocks
-
-
-MARKDOWN = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
-
-
 @pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_python_example_compiles(path):
-    for line, code in python_blocks(path):
+def test_every_python_example_is_marked_and_compiles(path):
+    """A block marked ``runs`` is run by tests/integration/test_doc_examples.py; one marked ``needs …`` says what
+    it needs that the tests do not have."""
+    for block in python_blocks(path):
+        assert block.mark == "runs" or (block.mark or "").startswith("needs "), (
+            f"{block.where}: mark the ```python block with <!-- example: runs --> or <!-- example: needs WHAT --> "
+            f"on the line above it")
         try:
-            compile(code, f"{path.relative_to(ROOT)}:{line}", "exec")
+            compile(block.code, block.where, "exec")
         except SyntaxError as e:
-            pytest.fail(f"{path.relative_to(ROOT)}, the ```python block at line {line}: {e}")
+            pytest.fail(f"{block.where}, the ```python block: {e}")
+
+
+def command_problem(argv):
+    """Why ``mpca <argv>`` would not start as the docs write it (its parser refuses it, or its configuration
+    files and overrides do not validate), or None."""
+    import contextlib
+    import io
+
+    from mpca.bench.compare import DEFAULT_CONFIG, build_parser as compare_parser
+    from mpca.cli import build_parser
+    from mpca.config import load_config
+    from mpca.errors import UserError
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+            try:
+                if argv[:2] == ["bench", "compare"]:
+                    args = compare_parser().parse_args(argv[2:])
+                    configs = args.config or ([] if args.task else [DEFAULT_CONFIG])
+                else:
+                    args = build_parser().parse_args(argv)
+                    configs = getattr(args, "config", None) if args.command in ("train", "predict") else None
+            except SystemExit as e:
+                return None if e.code == 0 else err.getvalue().strip().splitlines()[-1]
+        if configs is not None and all((ROOT / c).is_file() for c in configs):  # a reader's own job.yaml: parsed only
+            load_config([str(ROOT / c) for c in configs], args.overrides)
+    except UserError as e:
+        return str(e)
+    return None
+
+
+def test_the_command_check_refuses_an_old_option_an_unknown_key_and_a_bad_value():
+    assert command_problem(["train", "-c", "conf/digits.yaml", "training.agents=2"]) is None
+    assert command_problem(["--version"]) is None
+    assert "--device-step-s" in command_problem(["bench", "compare", "--device-step", "0.3"])
+    assert "unrecognized arguments" in command_problem(["simulate", "--no-such-option"])
+    assert command_problem(["train", "-c", "conf/digits.yaml", "training.agentz=2"]) is not None
+    assert command_problem(["bench", "compare", "training.agents=zero"]) is not None
+    assert command_problem(["train", "-c", "job.yaml", "training.agents=2"]) is None  # the reader's file: parsed
+
+
+@pytest.mark.parametrize("path", [p for p in MARKDOWN if undated(p)], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_mpca_command_in_the_docs_parses_and_its_settings_validate(path):
+    problems = [f"{block.where}: mpca {' '.join(argv)}: {command_problem(argv)}"
+                for block in blocks(path) if block.lang in SHELL
+                for argv in mpca_commands(block) if command_problem(argv) is not None]
+    assert problems == []
 
 
 def test_the_readme_has_examples_and_stays_short():
