@@ -147,9 +147,9 @@ def test_the_command_check_refuses_an_old_option_an_unknown_key_and_a_bad_value(
 
 @pytest.mark.parametrize("path", [p for p in MARKDOWN if undated(p)], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_mpca_command_in_the_docs_parses_and_its_settings_validate(path):
-    problems = [f"{block.where}: mpca {' '.join(argv)}: {command_problem(argv)}"
+    problems = [f"{block.where}: mpca {' '.join(argv)}: {problem}"
                 for block in blocks(path) if block.lang in SHELL
-                for argv in mpca_commands(block) if command_problem(argv) is not None]
+                for argv in mpca_commands(block) if (problem := command_problem(argv)) is not None]
     assert problems == []
 
 
