@@ -46,7 +46,9 @@ A cell is text, a *figure*, or a list of them (joined without separators).  A fi
   ``…:<kind>``), ``median_s:<kind>``, ``max_s:<kind>``, ``median_after_s:<kind>``,
   ``median_cycles_after_up:<kind>``, ``median_cycles_after_agent_up:<kind>`` (the campaign's summary), ``final_error``, ``reference_final_error``,
   ``restarts`` (driver incarnations − 1), ``peak:<process>:<figure>`` and ``q4_over_q2:<process>:<figure>`` (its
-  resource table: the last quarter's median over the second's).  ``format`` is a Python
+  resource table: the last quarter's median over the second's), or ``connect:<mode>:<field>`` (``"from"`` a
+  ``python -m lab.connect_overhead --json`` file, no ``series``: ``field`` of every repeat of ``mode``, ``classic``
+  or ``connect``, e.g. ``to_target_s``, ``to_first_exchange_s``, ``cycles_per_s``).  ``format`` is a Python
   format string over ``median``, ``min``, ``max``, ``n``, ``reached`` (the repeats that reached the target);
   ``missing`` (formatted the same way) is shown when the median is null;
 * a ratio of two measured medians: ``{"ratio": [<figure>, <figure>], "value": 0.81, "format": "{value:.2f}"}``;
@@ -142,6 +144,9 @@ def derive(figure: Dict[str, Any]) -> Dict[str, Any]:
         else:
             value = source["time_to_target"].get(metric.split(":", 1)[1])
         return {"values": [value], "n": 1, "median": value, "min": value, "max": value}
+    if metric.startswith("connect:"):  # lab.connect_overhead: one value per repeat of each mode
+        _, mode, field = metric.split(":")
+        return _spread([run.get(field) for run in _source(figure["from"])["runs"][mode]])
     series = _source(figure["from"])["algorithms"][figure["series"]]
     if metric.startswith("reported:"):
         value = series[metric.split(":", 1)[1]]
@@ -156,6 +161,11 @@ def derive(figure: Dict[str, Any]) -> Dict[str, Any]:
         values = [runs[i]["first_exchange_s"] for i in picked]
     else:
         raise ValueError(f"unknown metric {metric!r}")
+    return _spread(values)
+
+
+def _spread(values: List[Optional[float]]) -> Dict[str, Any]:
+    """The derived fields of per-repeat values (None: a repeat that never reached its target)."""
     reached = [v for v in values if v is not None]
     return {"values": values, "n": len(values), "median": _median(values),
             "min": min(reached) if reached else None, "max": max(reached) if reached else None}
@@ -250,7 +260,7 @@ def _figure_problems(f: Dict[str, Any]) -> List[str]:
     out = [f"missing {k!r}" for k in ("n", "median", "min", "max") if k not in f]
     if "from" in f:
         out += [f"missing {k!r}" for k in ("metric",) if k not in f]
-        if "series" not in f and not str(f.get("metric")).startswith(("sim_time_to:", "campaign:")):
+        if "series" not in f and not str(f.get("metric")).startswith(("sim_time_to:", "campaign:", "connect:")):
             out.append("missing 'series'")
         if "values" in f and f.get("n") != len(f["values"]):
             out.append("n is not the number of values")

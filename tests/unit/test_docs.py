@@ -256,3 +256,16 @@ def test_a_campaigns_figures_come_from_its_summary_and_resource_table():
     assert results.problems({**results.load("rivals-k4"), "rows": [{k: figure for k in
                                                                     [c["key"] for c in results.load("rivals-k4")["columns"]]}]},
                             "rivals-k4") == []  # a campaign figure needs no series
+
+
+def test_a_connect_figure_is_the_spread_of_its_repeats():
+    """connect:<mode>:<field> (docs/hooks/results.py) against a hand-written lab.connect_overhead JSON: the median
+    of the repeats, null when one never reached the target, with the spread of those that did."""
+    results = _results()
+    results._SOURCES["overhead.json"] = {"runs": {
+        "classic": [{"to_target_s": 3.0}, {"to_target_s": 1.0}, {"to_target_s": 2.5}],
+        "connect": [{"to_target_s": 4.0}, {"to_target_s": None}, {"to_target_s": 1.5}]}}
+    classic = results.derive({"from": "overhead.json", "metric": "connect:classic:to_target_s"})
+    assert classic == {"values": [3.0, 1.0, 2.5], "n": 3, "median": 2.5, "min": 1.0, "max": 3.0}
+    connect = results.derive({"from": "overhead.json", "metric": "connect:connect:to_target_s"})
+    assert connect == {"values": [4.0, None, 1.5], "n": 3, "median": None, "min": 1.5, "max": 4.0}
