@@ -581,6 +581,20 @@ def with_coordinator(spec: AgentSpec) -> AgentSpec:
     return replace(spec, service=service, rendezvous=rendezvous)
 
 
+def exclusive_slot(agent_id: int, gpu_addresses: Optional[List[str]], slot: Optional[str], relayed: bool) -> str:
+    """What one agent holds alone on its executor: its GPUs, or its agent slot's address. Without either, a
+    classic run's agent holds the executor's CPUs (its exchange tasks take the executor's second core), while a
+    Spark Connect run's agent is a task of one core with no exchange tasks beside it: Spark's own accounting of
+    cores decides how many share an executor, and only a second process of the same agent is refused (a retry
+    while the old one still runs). Keyed by the executor, a replacement that Spark put on the other agent's
+    executor was refused there and its agent never came back."""
+    if gpu_addresses:
+        return "gpu" + "-".join(gpu_addresses)
+    if slot:
+        return f"cpu{slot}"
+    return f"cpu-agent{agent_id}" if relayed else "cpu"
+
+
 def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
               gpu_addresses: Optional[List[str]] = None, attempt: int = 0, slot: Optional[str] = None,
               data_on_host: bool = False, task_started: Optional[float] = None,
@@ -590,7 +604,7 @@ def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: to
     Takes an exclusive lock per (executor, device slot) so that a retried agent
     task can never share its executor slot with a live agent.
     """
-    slot = "gpu" + "-".join(gpu_addresses) if gpu_addresses else f"cpu{slot or ''}"  # the agentslot address
+    slot = exclusive_slot(agent_id, gpu_addresses, slot, relayed=spec.relay is not None)
     lock_path = f"mpca-{spec.run_id}-slot-{slot}.lock"
     lock_fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o600)
     try:

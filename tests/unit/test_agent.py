@@ -516,3 +516,15 @@ def test_an_agent_trains_on_its_first_rows_while_the_rest_arrive_drawing_the_sam
     assert a.features.shape[0] == 3000 and a.report().loading is False and a.report().rows == 3000
     slow = _drawn_while_rows_arrive(0.3)[0]  # the second chunk later: the same rows drawn, step for step
     assert slow == drawn
+
+
+def test_what_an_agent_holds_alone_on_its_executor():
+    """Its GPUs or its agent slot; else, in a classic run, the executor's CPUs (one agent per executor), and in a
+    Spark Connect run only its own id: a replacement that Spark placed beside another agent is not refused."""
+    from mpca.runtime.agent import exclusive_slot
+
+    assert exclusive_slot(1, ["0", "1"], None, relayed=True) == "gpu0-1"
+    assert exclusive_slot(1, [], "2", relayed=False) == "cpu2"
+    assert exclusive_slot(0, [], None, relayed=False) == exclusive_slot(1, [], None, relayed=False) == "cpu"
+    assert exclusive_slot(0, [], None, relayed=True) != exclusive_slot(1, [], None, relayed=True)
+    assert exclusive_slot(1, None, None, relayed=True) == exclusive_slot(1, None, None, relayed=True)
