@@ -601,8 +601,8 @@ def run_agent(spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: to
               data_loaded: Optional[float] = None, holdout=None, loading=None, problem: Optional[str] = None) -> dict:
     """Run one agent in this Spark task until the driver says stop; return its summary.
 
-    Takes an exclusive lock per (executor, device slot) so that a retried agent
-    task can never share its executor slot with a live agent.
+    Takes an exclusive lock on what the agent holds alone on its executor (:func:`exclusive_slot`), so that a
+    retried agent task can never share it with a live agent.
     """
     slot = exclusive_slot(agent_id, gpu_addresses, slot, relayed=spec.relay is not None)
     lock_path = f"mpca-{spec.run_id}-slot-{slot}.lock"
