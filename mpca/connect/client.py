@@ -10,7 +10,8 @@ check, the holdout split — DataFrame API only), then starts two Spark jobs thr
   run's directory and find the coordinator's services there.
 
 While they run, the client follows the run's directory: each history row becomes a progress line and an
-``on_cycle`` call (and a tracker's row, :mod:`mpca.tracking`); :meth:`~mpca.trainer.Trainer.request_stop` is
+``on_cycle`` call (and a tracker's row, :mod:`mpca.tracking`); each note (the coordinator's warnings, an agent
+whose task ended early) a line of its log; :meth:`~mpca.trainer.Trainer.request_stop` is
 passed on; at the end the result and the final model come back and ``fit`` returns a
 :class:`~mpca.trainer.FitResult` as on a classic session (its ``driver_rule`` stays in the cluster: None).
 """
@@ -106,6 +107,17 @@ class _Job:
             return executor_cause(str(self.error))
         errors = [s["error"].strip().splitlines()[-1] for s in self.summaries() if s.get("error")]
         return errors[0] if errors else "the agents' Spark job ended"
+
+
+def relay_notes(rundir: RunDir, noted: set, names: Optional[List[str]] = None) -> int:
+    """Log the run directory's notes not yet in ``noted`` (the coordinator's warnings, agents whose task ended
+    early: :meth:`~mpca.runtime.rundir.RunDir.new_notes`), each once, at its level; return how many."""
+    notes = rundir.new_notes(noted, names)
+    for note in notes:
+        level = note.get("level")
+        log.log(level if isinstance(level, int) and logging.DEBUG <= level <= logging.CRITICAL else logging.WARNING,
+                "%s: %s", note.get("origin"), note.get("message"))
+    return len(notes)
 
 
 def _int_keys(value: Dict[str, Any]) -> Dict[int, Any]:
@@ -204,6 +216,7 @@ def fit_over_connect(trainer, spark, df, holdout, called: float):
     progress = Progress(st.progress, st.stop.target, metric=st.eval.metric)
     column = metric_column(st.eval.metric)
     history: List[Dict[str, Any]] = []
+    noted: set = set()  # the notes already logged
     failed = False
     try:
         ended_said = stop_said = coordinator_up = False
@@ -227,7 +240,9 @@ def fit_over_connect(trainer, spark, df, holdout, called: float):
                                      f"{st.cluster.agent_start_timeout_s:.0f}s (cluster.agent_start_timeout_s): a "
                                      f"Spark Connect run needs a free task slot for it beside its "
                                      f"{training.agents} agents'")
-            for row in rundir.rows_from(len(history)):
+            names = rundir.names()  # one listing for the notes and the rows
+            relay_notes(rundir, noted, names)
+            for row in rundir.rows_from(len(history), names):
                 row = history_row(row)
                 history.append(row)
                 progress.update(int(row["cycle"]), row.get(column), row.get("samples_per_s"))

@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pyarrow as pa
 
@@ -32,6 +32,7 @@ log = logging.getLogger("mpca.connect")
 
 SUMMARY_SCHEMA = "summary string"
 STOP_POLL_S = 0.5
+NOTES_CAP = 200  # the coordinator's warnings a run passes on to its client; the rest stay in its executor's log
 
 
 @dataclass
@@ -76,6 +77,43 @@ class RowsToRunDir(RunObserver):
     def __call__(self, row: Dict[str, Any]) -> None:
         self.rundir.write_row(self.rows, plain(row))
         self.rows += 1
+
+
+class NotesToRunDir(logging.Handler):
+    """The coordinator's warnings (mpca's log records at WARNING and above) as notes in the run directory, which
+    the client logs as they come: a Connect user sees what a classic driver's log says (an agent that did not
+    answer, one that left or came back, the coordinator started again). At most ``cap``, then one note that
+    says so."""
+
+    def __init__(self, rundir: RunDir, cap: int = NOTES_CAP):
+        super().__init__(logging.WARNING)
+        self.rundir, self.cap, self.sent = rundir, cap, 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.sent > self.cap:
+            return
+        try:
+            message = record.getMessage() if self.sent < self.cap else (
+                f"more than {self.cap} warnings: the rest are only in the coordinator's executor log")
+            self.rundir.write_note("coordinator", record.levelno if self.sent < self.cap else logging.WARNING,
+                                   message)
+            self.sent += 1
+        except Exception:  # noqa: BLE001 - logging must not fail the run
+            self.handleError(record)
+
+
+def _notes_handlers(rundir: RunDir) -> List[logging.Handler]:
+    """mpca's warnings to the run directory's notes for the run's length — and still to the executor's stderr
+    where nothing configured logging there (with a handler of its own, Python's last resort no longer prints
+    them)."""
+    mpca_log = logging.getLogger("mpca")
+    handlers: List[logging.Handler] = [NotesToRunDir(rundir)]
+    if not mpca_log.hasHandlers():
+        handlers.append(logging.StreamHandler())
+        handlers[-1].setLevel(logging.WARNING)
+    for handler in handlers:
+        mpca_log.addHandler(handler)
+    return handlers
 
 
 def _watch_client(rundir: RunDir, trainer, gone_s: float, done: threading.Event) -> None:
@@ -133,6 +171,7 @@ def coordinate(job: CoordinatorJob) -> Dict[str, Any]:
     ck = prep.checkpoint
     side = RelaySide(rundir, st, job.run_id, job.secret, job.max_payload,
                      st.cluster.service_host or reachable_host(), attempt)
+    handlers = _notes_handlers(rundir)
     done = threading.Event()
     threading.Thread(target=_watch_client, args=(rundir, trainer, st.cluster.client_gone_s, done), daemon=True,
                      name="mpca-client-watch").start()
@@ -148,6 +187,8 @@ def coordinate(job: CoordinatorJob) -> Dict[str, Any]:
         return {"failed": line}
     finally:
         done.set()
+        for handler in handlers:
+            logging.getLogger("mpca").removeHandler(handler)
     buf = io.BytesIO()
     torch.save(result.model.state_dict(), buf)
     rundir.store.write_atomic(MODEL, buf.getvalue())
@@ -171,4 +212,4 @@ def coordinator_task(job: CoordinatorJob, batches: Iterator[pa.RecordBatch]) -> 
     yield pa.RecordBatch.from_pydict({"summary": [json.dumps(coordinate(job), default=str)]})
 
 
-__all__ = ["CoordinatorJob", "coordinate", "coordinator_task", "plain", "RowsToRunDir"]
+__all__ = ["CoordinatorJob", "NotesToRunDir", "coordinate", "coordinator_task", "plain", "RowsToRunDir"]

@@ -82,7 +82,31 @@ def agent_task(spec: AgentSpec, features: str, label: str, batches: Iterator[pa.
         if part is not None:
             part.close()  # the spill files, if any
     summary["attempt"] = tc.attemptNumber()
+    if spec.relay is not None and summary.get("error"):
+        note_ending(spec.relay, agent_id, summary["error"])
     yield pa.RecordBatch.from_pydict({"summary": [json.dumps(summary, default=str)]})
+
+
+def error_line(error: str) -> str:
+    """An agent's error (its summary's: a line, or a line and a traceback) as one line: the line, and the
+    traceback's last (the exception)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else "no reason given"
+    return f"{lines[0].rstrip(':')}: {lines[-1]}"
+
+
+def note_ending(relay: str, agent_id: int, error: str) -> None:
+    """A Spark Connect run's agent whose task ends early says why in the run's directory, at once: the client
+    logs it (a Connect user sees no executor's log, and the agents' summaries reach the client only when the
+    whole job ends)."""
+    from mpca.runtime.rundir import RunDir
+
+    try:
+        RunDir(relay).write_note(f"agent {agent_id}", logging.WARNING,
+                                 f"its Spark task ended early: {error_line(error)}")
+    except Exception as e:  # noqa: BLE001 - the summary still says it; the note is the early word only
+        log.warning("agent %d: could not leave its note in %s: %s", agent_id, relay, e)
 
 
 def _start_loading(spec: AgentSpec, features: str, label: str, batches):

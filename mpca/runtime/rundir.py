@@ -12,6 +12,9 @@ Every file is small JSON written atomically (a reader never sees half of one), e
 * ``stop.json`` — the client asks the run to stop after the current cycle;
 * ``client.json`` — the client's heartbeat: when it last said it is there;
 * ``failed.json`` — the coordinator's error (its one line, and whether it is the user's to fix);
+* ``note-<origin>-<ns>.json`` — a warning for the user: one of the coordinator's log records at WARNING or above,
+  or why an agent's task ended early (a refused or failed start); the client logs each once, as a classic
+  driver's log would have shown it;
 * ``result.json`` and ``model.pt`` — the run's result and the final model's ``state_dict``.
 
 No secret is ever written here: the channels authenticate with the run's secret, which travels only inside the
@@ -24,7 +27,7 @@ import json
 import os
 import socket
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Set
 
 from mpca.storage import Store, open_store
 
@@ -35,6 +38,7 @@ CLIENT = "client.json"
 FAILED = "failed.json"
 RESULT = "result.json"
 MODEL = "model.pt"
+NOTE_PREFIX = "note-"
 
 
 def reachable_host() -> str:
@@ -113,9 +117,11 @@ class RunDir:
         """How many history rows are there (their names only: none is read)."""
         return sum(1 for name in self.names() if name.startswith("row-") and name.endswith(".json"))
 
-    def rows_from(self, n: int) -> List[Dict[str, Any]]:
-        """The history rows from the n-th on, in order, as far as they are there without a gap."""
-        there = sorted(int(name[4:11]) for name in self.names() if name.startswith("row-") and name.endswith(".json"))
+    def rows_from(self, n: int, names: Optional[Iterable[str]] = None) -> List[Dict[str, Any]]:
+        """The history rows from the n-th on, in order, as far as they are there without a gap (``names``: the
+        directory's listing, where the caller has one)."""
+        names = self.names() if names is None else names
+        there = sorted(int(name[4:11]) for name in names if name.startswith("row-") and name.endswith(".json"))
         out = []
         for i in there:
             if i < n:
@@ -127,3 +133,21 @@ class RunDir:
                 break
             out.append(value)
         return out
+
+    # -- notes for the user ------------------------------------------------------------------
+    def write_note(self, origin: str, level: int, message: str) -> None:
+        """A warning for the user from ``origin`` (``coordinator``, ``agent 1``), at a ``logging`` level."""
+        key = "".join(c if c.isalnum() else "_" for c in origin)
+        self.write(f"{NOTE_PREFIX}{key}-{time.time_ns()}.json",
+                   {"origin": origin, "level": int(level), "message": message, "at": time.time()})
+
+    def new_notes(self, seen: Set[str], names: Optional[Iterable[str]] = None) -> List[Dict[str, Any]]:
+        """The notes not in ``seen`` (their file names, added to it), oldest first."""
+        names = self.names() if names is None else names
+        out = []
+        for name in sorted(n for n in names if n.startswith(NOTE_PREFIX) and n.endswith(".json") and n not in seen):
+            value = self.read(name)
+            if value is not None:
+                seen.add(name)
+                out.append(value)
+        return sorted(out, key=lambda v: v.get("at", 0.0))

@@ -95,7 +95,8 @@ def test_mpca_trains_over_spark_connect_and_a_killed_agent_is_replaced(remote, t
     """The classic API on a Connect session: the coordinator task and two agents on the server's local-cluster,
     history rows back to the client's on_cycle as the run goes, one agent's process killed mid-run (its Spark
     task retried: the replacement announces itself, takes the joint model and contributes again), a connection
-    to an agent's port without the run's secret refused while the run goes on, and the
+    to an agent's port without the run's secret refused while the run goes on, the coordinator's warning about
+    the lost agent in the client's log, and the
     result — model, history, timeline, counters — in the client, with the run's directory as the only channel."""
     out = _client(remote, TRAIN + f"""
     shared = {str(tmp_path)!r}
@@ -135,6 +136,8 @@ def test_mpca_trains_over_spark_connect_and_a_killed_agent_is_replaced(remote, t
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert result["killed"] == 1 and result["joined"] == [1], result  # the replacement took the joint model
+    # the coordinator's warnings reach the client's log (its executor's log is out of a Connect user's sight)
+    assert "coordinator: agent 1 did not answer in cycle" in out.stderr, out.stderr[-3000:]
     assert len(result["refused"]) == 1, result  # ChannelError: the handshake failed
     assert result["error"] < 0.05 and result["stop"] == "max_seconds", result
     assert result["rows"] >= 5 and result["history"] == result["rows"] + 1, result  # every row reached on_cycle

@@ -150,3 +150,41 @@ def test_a_connect_server_older_than_spark_3_5_is_refused_in_one_line():
         check_server(types.SimpleNamespace(version=version))
     with pytest.raises(UserError, match="Spark 3.4.1; mpca's Connect mode needs Spark 3.5 or newer"):
         check_server(types.SimpleNamespace(version="3.4.1"))
+
+
+def test_the_coordinators_warnings_and_an_agents_early_end_reach_the_clients_log_once_each(tmp_path, caplog):
+    import logging
+
+    from mpca.connect.client import relay_notes
+    from mpca.connect.coordinator import NotesToRunDir
+    from mpca.runtime.agent_job import error_line, note_ending
+
+    rundir = RunDir(str(tmp_path / "run")).create()
+    source = logging.getLogger("mpca.test-coordinator")
+    source.setLevel(logging.INFO)
+    notes = NotesToRunDir(rundir, cap=2)
+    source.addHandler(notes)
+    try:
+        source.info("an info line stays in the executor's log")
+        source.warning("agent %s did not answer in cycle %d", 1, 7)
+        note_ending(str(tmp_path / "run"), 1, "agent 1 could not start:\nTraceback (most recent call last):\n"
+                                              "  File x\nValueError: bad shape")
+        source.warning("second")
+        source.warning("third: over the cap")
+        source.warning("fourth: not written at all")
+    finally:
+        source.removeHandler(notes)
+    rundir.write("note-x-1.json", {"origin": "someone", "level": "not a level", "message": "m", "at": 1e18})
+    noted: set = set()
+    with caplog.at_level(logging.INFO, logger="mpca.connect"):
+        assert relay_notes(rundir, noted) == 5
+        assert relay_notes(rundir, noted) == 0  # each note once
+    lines = [r.getMessage() for r in caplog.records if r.name == "mpca.connect"]
+    assert lines == ["coordinator: agent 1 did not answer in cycle 7",
+                     "agent 1: its Spark task ended early: agent 1 could not start: ValueError: bad shape",
+                     "coordinator: second",
+                     "coordinator: more than 2 warnings: the rest are only in the coordinator's executor log",
+                     "someone: m"]  # a malformed level (the directory is not trusted): a warning
+    assert all(r.levelno == logging.WARNING for r in caplog.records if r.name == "mpca.connect")
+    assert error_line("agent 0: executor slot cpu already holds an agent of this run") == \
+        "agent 0: executor slot cpu already holds an agent of this run"
