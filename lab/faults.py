@@ -31,7 +31,7 @@ from pyspark import cloudpickle
 from torch import nn
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import lab/
-FAULTS = ("none", "hang", "kill-executor")
+FAULTS = ("none", "hang", "kill-executor", "stop-executor")
 
 
 class FaultyAgent(nn.Module):
@@ -60,6 +60,10 @@ class FaultyAgent(nn.Module):
                 os.kill(os.getpid(), signal.SIGSTOP)
             elif self.fault == "kill-executor":
                 os.kill(executor_jvm_pid(), signal.SIGKILL)
+            elif self.fault == "stop-executor":  # its JVM frozen for hang_s, the agent trains on: as a link down
+                jvm = executor_jvm_pid()
+                subprocess.Popen(["sh", "-c", f"sleep {self.hang_s}; kill -CONT {jvm}"], start_new_session=True)
+                os.kill(jvm, signal.SIGSTOP)
         return self.inner(x)
 
 
@@ -136,7 +140,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-c", "--config", action="append", default=[])
     ap.add_argument("--algorithms", default=",".join(FAMILIES), help="comma-separated, or 'all'")
-    ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument("--faults", default="none,hang,kill-executor", help=f"comma-separated, of {', '.join(FAULTS)}")
     ap.add_argument("--target", type=float, default=0.05)
     ap.add_argument("--max-seconds", type=float, default=75.0)
     ap.add_argument("--at-call", type=int, default=150)

@@ -290,6 +290,12 @@ class ClusterSection(_Strict):
                                           "cycle, within 2-10 s)")
     agent_lost_timeout_s: float = Field(120.0, gt=0, description="fewer than training.min_agents answering for "
                                         "this long fails the run (Spark's retry of a lost agent takes ~20-60 s)")
+    cycle_deadline_s: Optional[float] = Field(None, ge=0, description="a cycle's exchange job running longer is "
+                                              "abandoned (cancelled; its contributions carry over to the next "
+                                              "cycle): an executor cut off from the driver (a link down) holds a "
+                                              "task Spark cannot start or hear from until spark.network.timeout, "
+                                              "and with it every agent's exchange (None: 2 x cluster.agent_wait_s "
+                                              "+ 4 x the median recent cycle, from the 6th cycle on; 0: never)")
     service_host: Optional[str] = Field(None, description="address executors reach the driver's parameter service "
                                         "at (default: spark.driver.host)")
     service_port: int = Field(0, ge=0, le=65535, description="port of the parameter service (0: any free port)")

@@ -127,6 +127,14 @@ def executor_killing_cnn_fn(after=None):
     return faulty(small_cnn, "kill-executor", after=after)
 
 
+def executor_stopping_cnn_fn(after=None, hold_s: float = 12.0):
+    """A fresh SmallCNN model_fn whose agent 1 stops its executor's JVM for ``hold_s`` once (lab.faults: the
+    agent trains on, but no task reaches that executor, as when its link is down), once ``after`` exists."""
+    from lab.faults import faulty
+
+    return faulty(small_cnn, "stop-executor", at_call=1, hang_s=hold_s, after=after)
+
+
 class FaultThenRecovery:
     """An ``on_cycle`` hook for the fault tests: arms the fault (creates the file ``go``) at the first evaluation
     after a cycle, never at start-up; once an evaluation found an agent missing (``row["agents"]`` below

@@ -15,6 +15,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set
 from mpca.errors import RunFailedError
 
 SILENT_WAIT_CYCLES, SILENT_WAIT_MIN_S, SILENT_WAIT_MAX_S = 5, 2.0, 10.0
+DEADLINE_WAITS, DEADLINE_CYCLES, DEADLINE_AFTER = 2, 4, 5
 
 
 def silent_agent_wait_s(configured: Optional[float], recent_cycles_s: Sequence[float]) -> float:
@@ -26,6 +27,23 @@ def silent_agent_wait_s(configured: Optional[float], recent_cycles_s: Sequence[f
     if not recent_cycles_s:
         return SILENT_WAIT_MAX_S
     return min(SILENT_WAIT_MAX_S, max(SILENT_WAIT_MIN_S, SILENT_WAIT_CYCLES * statistics.median(recent_cycles_s)))
+
+
+def cycle_deadline_s(configured: Optional[float], recent_cycles_s: Sequence[float],
+                     silent_wait_s: float) -> Optional[float]:
+    """How long a cycle's exchange may run before the driver abandons it (None: no bound) —
+    ``cluster.cycle_deadline_s`` when set (0: never), else, once 5 cycles have ended, 2 × the bounded wait for a
+    silent agent (a task's own wait, and a correction's) + 4 × the median recent cycle.
+
+    A cycle that runs past it is waiting on a task that cannot start or report: its executor is cut off (its link
+    down, its host stopped) but not yet lost to Spark (``spark.network.timeout``), so the cycle would wait for the
+    link and every agent's exchange with it.  A silent *agent* cannot hold a cycle that long: its task gives up
+    after the bounded wait."""
+    if configured is not None:
+        return None if configured == 0 else float(configured)
+    if len(recent_cycles_s) < DEADLINE_AFTER:
+        return None
+    return DEADLINE_WAITS * silent_wait_s + DEADLINE_CYCLES * statistics.median(recent_cycles_s)
 
 
 class PresenceBook:
@@ -55,6 +73,10 @@ class PresenceBook:
 
     def cycle_took(self, seconds: float) -> None:
         self._durations.append(seconds)
+
+    def cycle_deadline_s(self, configured: Optional[float]) -> Optional[float]:
+        """How long the next cycle's exchange may run (:func:`cycle_deadline_s`, over the last 20 cycles)."""
+        return cycle_deadline_s(configured, self._durations, self.wait_s())
 
     # ------------------------------------------------------------------ membership
     def expect_later(self, agents: Iterable[int], now: float) -> None:

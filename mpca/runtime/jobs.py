@@ -20,6 +20,8 @@ PARTIAL_OPS = ("reduce", "cycle")  # the plans whose tasks carry a partial sum o
 
 
 class ExchangeJobs:
+    abandons = True  # a job running past the cycle deadline can be cancelled (cancel ends it at once)
+
     def __init__(self, sc, run_id: str, secret: bytes, roster: AgentRoster, codec: Codec, executors: int = 1,
                  task_timeout_s: float = TASK_TIMEOUT_S, reduce: str = "tree"):
         self.sc = sc

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -44,6 +44,7 @@ from mpca.runtime.timeline import CycleRecord, Timeline
 log = logging.getLogger("mpca.pipeline")
 
 MAX_CORRECTIONS = 5
+CANCELLED_WAIT_S = 30.0  # how long an abandoned cycle's cancelled job may take to end before the next one goes on
 
 
 def agent_failure(agent: int, message: str, user_error: bool) -> Exception:
@@ -69,9 +70,11 @@ class ExchangePipeline:
                  timeline: Optional[Timeline] = None, *,
                  observe: Optional[Callable[[float], Tuple[Dict[int, AgentReport], List[int]]]] = None,
                  silent: Optional[Callable[[float], List[int]]] = None,
-                 split_tasks: bool = False, exchange_jobs: str = "auto"):
+                 split_tasks: bool = False, exchange_jobs: str = "auto",
+                 cycle_deadline_s: Optional[float] = None):
         """``jobs`` submits the exchange jobs (Spark's, or a Connect coordinator's relay,
-        :class:`mpca.runtime.relay.RelayJobs`) against its roster; ``broadcasts`` publishes the staged shards."""
+        :class:`mpca.runtime.relay.RelayJobs`) against its roster; ``broadcasts`` publishes the staged shards;
+        ``cycle_deadline_s``: ``cluster.cycle_deadline_s`` (:meth:`_within_deadline`)."""
         self.rule = rule
         self.exchange = algorithm.exchange
         self.cycle_interval_s = algorithm.cycle_interval_s
@@ -80,6 +83,7 @@ class ExchangePipeline:
         self.observe = observe
         self.split_tasks = split_tasks
         self.layout = ExchangeLayout(exchange_jobs)
+        self.cycle_deadline_s = cycle_deadline_s
         self.codec = jobs.codec
         self.broadcasts = broadcasts
         self.timeline = timeline or Timeline()
@@ -216,11 +220,12 @@ class ExchangePipeline:
         bc = staged.payload if staged else None
         fut = self._pool.submit(self.job_with_corrections, reduce, deliver, bc, desc, rec)
         self._staged(rec, self.schedule.overlap)  # concurrent with job c
-        result = fut.result()
+        result = self._within_deadline(fut, rec)
         rec.t_end = time.time()
-        self.roster.cycle_took(rec.t_end - rec.t_submit)
-        if not self.split_tasks and not self.rule.deliver_before_yield:  # corrections included: a layout's cost
-            self.layout.observe(two_jobs if staged is not None else None, rec.t_end - rec.t_submit)
+        if not rec.abandoned:  # an abandoned cycle's time says nothing of the exchange's
+            self.roster.cycle_took(rec.t_end - rec.t_submit)
+            if not self.split_tasks and not self.rule.deliver_before_yield:  # corrections included: a layout's cost
+                self.layout.observe(two_jobs if staged is not None else None, rec.t_end - rec.t_submit)
         if staged is not None:
             self.broadcasts.destroy(staged.payload)
         rec.agents = dict(result.agents)
@@ -232,10 +237,39 @@ class ExchangePipeline:
         bcs = [e.t_bc for e in rec.delivered.values() if e.t_bc]
         rec.reduce_start = min(yields) if yields else None
         rec.bcast_end = max(bcs) if bcs else None
-        self._staged(rec, lambda: self.schedule.close(opened, result.partial))
+        self._staged(rec, lambda: self.schedule.close(opened, None if rec.abandoned else result.partial))
         self.join(rec)
         self.timeline.add(rec)
         return rec
+
+    def _within_deadline(self, fut: Future, rec: CycleRecord) -> ExchangeRecord:
+        """The cycle's exchange, or — once it has run past the cycle deadline
+        (:meth:`~mpca.exchange.presence.PresenceBook.cycle_deadline_s`) — none: its jobs are cancelled and the
+        cycle counts nobody (``rec.abandoned``).  Each agent learns with its next yield that the contribution it
+        gave was not counted, and its weight carries over (the agents' ``counted`` rule), as after any lost
+        contribution; the cycle's broadcast shard reaches the agents with that shard's next one.  The task that
+        held the cycle keeps its cut-off executor's slot, so the next cycles' tasks run on the other executors,
+        and the agent there is counted absent after the bounded wait."""
+        deadline = self.roster.cycle_deadline_s(self.cycle_deadline_s) if self.jobs.abandons else None
+        if deadline is None:
+            return fut.result()
+        try:
+            return fut.result(timeout=max(0.0, rec.t_submit + deadline - time.time()))
+        except FutureTimeout:
+            pass
+        log.warning("cycle %d: its exchange ran past the cycle deadline (%.1fs, cluster.cycle_deadline_s): a task "
+                    "Spark cannot start or hear from, on an executor cut off from the driver (a link down, a host "
+                    "stopped); abandoned, and its contributions carry over to the next cycle", rec.cycle, deadline)
+        self.jobs.cancel()
+        try:
+            return fut.result(timeout=CANCELLED_WAIT_S)  # it may have ended meanwhile: then it counts
+        except FutureTimeout:  # still not ended: the next cycles must not queue behind its thread
+            self._pool.shutdown(wait=False)
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpca-exchange")
+        except Exception as e:  # noqa: BLE001 - the cancelled job's error
+            log.info("cycle %d: its cancelled job ended: %s", rec.cycle, str(e).splitlines()[0] if str(e) else e)
+        rec.abandoned = True
+        return ExchangeRecord()
 
     def pending_state(self) -> Optional[Dict[str, object]]:
         """The reduction received but not staged yet, for checkpoints (:meth:`PhaseSchedule.pending_state`)."""

@@ -109,6 +109,8 @@ class RelayJobs(ExchangeJobs):
     def plan(self, token: str, op: str, **kw) -> ExchangePlan:
         return super().plan(f"{self.attempt}:{token}", op, **kw)
 
+    abandons = False  # its tasks end within their own waits: there is no job to cancel
+
     def spread(self, agents: int, attempt: int = 1) -> int:
         return agents  # one relay task per agent: none lands where its agent is not
 

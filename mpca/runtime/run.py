@@ -109,7 +109,8 @@ class AgentRun:
                                          side.broadcasts(self.codec), self.rule, algo, self.timeline,
                                          observe=self.service.observe if serves else None,
                                          silent=self.service.silent if serves else None,
-                                         split_tasks=side.split_tasks(), exchange_jobs=settings.cluster.exchange_jobs)
+                                         split_tasks=side.split_tasks(), exchange_jobs=settings.cluster.exchange_jobs,
+                                         cycle_deadline_s=settings.cluster.cycle_deadline_s)
         self.pipeline.restore_pending(pending)
         self._restore_wire(wire_state)
         self._train_df = train_df

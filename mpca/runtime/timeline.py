@@ -55,6 +55,7 @@ class CycleRecord:
     bytes_up: int = 0  # shard payloads that reached the reduction (agents → driver)
     bytes_down: int = 0  # broadcast payloads handed to agents (driver → agents)
     rejected: bool = False  # its reduction held NaN/Inf and was not applied
+    abandoned: bool = False  # its exchange ran past the cycle deadline and was cancelled (nothing counted)
     corrections: int = 0
     misplaced: int = 0
     missing: List[int] = field(default_factory=list)  # agents that did not contribute (hung, lost, joining)
@@ -153,7 +154,8 @@ def _row(c: CycleRecord) -> dict:
         "handed_in": list(c.handed_in),
         "weight": {a: e.weight for a, e in sorted(c.agents.items())},
         "steps_per_s": {a: e.steps_per_s for a, e in sorted(c.agents.items())},
-        "scatter": c.scatter,  # last: the columns before it keep their places
+        "scatter": c.scatter,  # last ones: the columns before them keep their places
+        "abandoned": c.abandoned,
     }
 
 

@@ -102,3 +102,31 @@ def test_a_lost_executor_costs_at_most_two_slow_cycles_and_its_agent_rejoins_fro
     replacement = next(r for r in fit.agents if r["agent"] == 1)
     assert replacement["attempt"] >= 1 and not replacement["joining"]
     assert fit.final.error < 0.1
+
+
+def test_an_executor_cut_off_holds_one_cycle_until_its_deadline_and_the_others_go_on(spark, caplog, tmp_path):
+    """Agent 1's executor JVM stopped for 12 s (the agent trains on, but no task reaches or leaves that executor,
+    as when its link is down; Spark does not count it lost before spark.network.timeout): the cycle whose task
+    Spark sent there is abandoned at the cycle deadline and its contributions carry over, the next cycles run
+    on the other executor and count agent 0 while agent 1 is missing, and once the JVM runs again agent 1
+    contributes again.  Without the deadline every cycle would wait out the 12 s."""
+    caplog.set_level("WARNING", logger="mpca.pipeline")
+    go = tmp_path / "cycles-under-way"
+    hook = helpers.FaultThenRecovery(go)  # armed from cycle 10: the deadline needs 5 ended cycles to go by
+    hook.trainer = Trainer(helpers.executor_stopping_cnn_fn(after=str(go), hold_s=12.0), helpers.cross_entropy,
+                           helpers.adam, agents=2, input_shape=(1, 8, 8), agent_wait_s=2.0, max_seconds=80,
+                           eval_every_cycles=5, spark=spark, on_cycle=lambda row: row["cycle"] >= 10 and hook(row))
+    fit = hook.trainer.fit(dataset_dataframe(spark, "digits"))
+    cycles = fit.timeline.cycles
+    abandoned = [c for c in cycles if c.abandoned]
+    assert abandoned, [(c.cycle, c.missing, round(c.t_end - c.t_submit, 1)) for c in cycles]
+    assert "ran past the cycle deadline" in caplog.text
+    held = abandoned[0]
+    during = [c for c in cycles if held.t_end < c.t_end < held.t_submit + 12.0 and not c.abandoned]
+    assert during and all(0 in c.agents and c.agents[0].weight > 0 for c in during), \
+        [(c.cycle, sorted(c.agents), c.missing) for c in cycles]  # agent 0's exchange went on
+    assert max(_cycle_seconds(fit)) < 10.0, max(_cycle_seconds(fit))  # none waited out the 12 s
+    assert any(c.agents.get(1) is not None and c.agents[1].weight > 0 for c in cycles[-3:])  # back
+    print(f"executor cut off: {len(abandoned)} cycle(s) abandoned, {len(during)} ran meanwhile, longest cycle "
+          f"{max(_cycle_seconds(fit)):.1f}s, final error {fit.final.error:.3f}")
+    assert fit.final.error < 0.1

@@ -116,3 +116,66 @@ def test_the_start_handshake_is_cancelled_the_moment_the_agents_job_ends(monkeyp
     with pytest.raises(RunFailedError, match="ended before all agents came up: no module named team_models"):
         control.hello(p.jobs, 2, 300.0, lambda: time.time() < ended_at, lambda: "no module named team_models")
     assert time.time() - t < 3 and cancelled.is_set() and waits == [control.HELLO_WAIT_S]
+
+
+def test_the_cycle_deadline_rule_against_hand_computed_values():
+    """cluster.cycle_deadline_s: as set (0: never); unset, no bound before 5 cycles ended, then 2 × the bounded
+    wait + 4 × the median recent cycle."""
+    from mpca.exchange.presence import cycle_deadline_s
+
+    assert cycle_deadline_s(7.5, [], 10.0) == 7.5
+    assert cycle_deadline_s(0, [1.0] * 9, 2.0) is None
+    assert cycle_deadline_s(None, [0.3] * 4, 2.0) is None  # 4 cycles: too few to tell a slow cycle
+    assert cycle_deadline_s(None, [0.2, 0.3, 0.25, 9.0, 0.3], 2.0) == pytest.approx(2 * 2.0 + 4 * 0.3)
+    roster = AgentRoster([0, 1])  # the bounded wait: 5 × the median cycle within 2-10 s
+    for took in (1.0, 1.0, 1.2, 1.0, 1.0):
+        roster.cycle_took(took)
+    assert roster.wait_s() == 5.0 and roster.cycle_deadline_s(None) == pytest.approx(2 * 5.0 + 4 * 1.0)
+
+
+def test_a_cycle_past_its_deadline_is_cancelled_counts_nobody_and_the_next_cycle_goes_on(monkeypatch):
+    """An exchange job held by a task that cannot start (an executor cut off: here a job that blocks until it
+    is cancelled) is abandoned at the deadline: its jobs are cancelled, it counts no agent and stages nothing,
+    no agent is counted absent for it, its time does not enter the cycle statistics, and the next cycle runs
+    and counts both agents."""
+    import threading
+    import time
+
+    import torch
+
+    from mpca.algorithm.mpca import MPCA
+    from mpca.runtime.broadcasts import Broadcasts
+    from mpca.runtime.jobs import ExchangeJobs
+    from mpca.runtime.pipeline import ExchangePipeline
+
+    algorithm = MPCA(shards=1)
+    rule = algorithm.driver_rule([torch.zeros(4)], agents=2)
+    jobs = ExchangeJobs(None, "r", b"s", AgentRoster([0, 1]), Codec())
+    pipe = ExchangePipeline(jobs, Broadcasts(None, Codec()), rule, algorithm, cycle_deadline_s=0.3)
+    monkeypatch.setattr(pipe.broadcasts, "publish", lambda data: type("Held", (), {"destroy": lambda *a, **k: None})())
+    cancelled = threading.Event()
+    stuck = {1}
+
+    def run_parts(parts, description, purpose):
+        plan = parts[0][0]
+        if plan.cycle in stuck:  # a task Spark cannot start: the job ends only when cancelled
+            assert cancelled.wait(10.0)
+            raise RuntimeError("Job 7 cancelled part of cancelled job group")
+        rec = answered(0, 1)
+        for a in (0, 1):
+            rec.agents[a].weight = 1.0
+        rec.partial = WeightedSum.of(torch.ones(4), 2.0)
+        return rec
+
+    monkeypatch.setattr(jobs, "run_parts", run_parts)
+    monkeypatch.setattr(jobs, "cancel", cancelled.set)
+    first = pipe.cycle(0)
+    t0 = time.time()
+    held = pipe.cycle(1)
+    assert time.time() - t0 < 5.0 and cancelled.is_set()
+    assert held.abandoned and held.agents == {} and held.missing == [] and held.stage_shard is None
+    assert pipe.roster.absent == {} and len(pipe.roster._durations) == 1  # only cycle 0's time
+    after = pipe.cycle(2)
+    assert not first.abandoned and not after.abandoned and sorted(after.agents) == [0, 1]
+    assert [r["abandoned"] for r in pipe.timeline.rows()] == [False, True, False]
+    pipe.close()
