@@ -22,7 +22,9 @@ draw names:
   workers and the application get ``spark.decommission.enabled``), as a spot instance's notice: the agent hands
   in its last contribution and leaves.  mpca does not bring a decommissioned agent back within a run, so these
   come only in the run's last quarter, at most K − 1 of them (one whose agent is being replaced is tried again
-  each second for a minute); recovered once a cycle says the agent left.
+  each second for a minute); recovered once a cycle says the agent left.  :data:`REPLACE_AFTER_S` later the
+  campaign plays the cluster manager: the decommissioned worker is stopped and a fresh one starts on its host
+  (:meth:`lab.netcluster.NetCluster.replace_worker`), so a driver started again after it finds the cluster whole.
 
 With ``--link RATE`` the campaign runs on an emulated cluster (:mod:`lab.netcluster`: network namespaces, one
 worker host per agent, a standalone master; root), the drivers on its driver host; without it on
@@ -77,6 +79,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot 
 KINDS = ("kill", "stop", "nan", "corrupt", "driver", "cut", "decommission")
 DECOMMISSION_FROM = 0.75  # decommissions come in the run's last quarter: their agents leave the run for good
 DECOMMISSION_RETRY_S = 60.0  # a decommission whose agent has no process is tried again each second this long
+REPLACE_AFTER_S = 30.0  # a decommissioned worker is replaced by a fresh one on its host this long after its notice
 DRIVER = -1  # the agent field of a driver fault
 
 
@@ -96,6 +99,7 @@ class Fault:
     cycles_after_up: Optional[int] = None  # kill: cycles that ended from then to its recovery, that one included
     agent_up_s: Optional[float] = None  # kill: from injection to its replacement agent's model being built
     cycles_after_agent_up: Optional[int] = None  # kill: cycles that ended from then to its recovery
+    replaced_s: Optional[float] = None  # decommission: from injection to a fresh worker on its host being ALIVE
 
 
 def parse_kinds(text: str) -> Dict[str, float]:
@@ -343,6 +347,8 @@ class Campaign:
                     return
                 _signal(worker, signal.SIGPWR)
                 fault.outcome = self.cluster.host_of(worker) if self.cluster is not None else None
+                if fault.outcome is not None:
+                    threading.Timer(REPLACE_AFTER_S, self._replace_worker, args=(fault, time.time())).start()
             elif fault.kind == "corrupt":
                 try:
                     with open(self.here("run.json")) as f:
@@ -356,6 +362,19 @@ class Campaign:
               f" (pid {fault.pid}, incarnation {fault.incarnation})" +
               (f" for {fault.hold_s:.1f}s" if fault.kind in ("stop", "cut") else "") +
               (f": {fault.variant}" if fault.variant else ""), flush=True)
+
+    def _replace_worker(self, fault: Fault, noticed: float) -> None:
+        """The cluster manager's side of a decommission: the worker stopped and a fresh one on its host."""
+        if self.stopped.is_set():
+            return
+        try:
+            self.cluster.replace_worker(fault.outcome)
+        except Exception as e:  # noqa: BLE001 - reported; the run goes on with the cluster it has
+            print(f"[campaign] could not replace the worker of {fault.outcome}: {e}", flush=True)
+            return
+        fault.replaced_s = time.time() - noticed
+        print(f"[campaign] a fresh worker on {fault.outcome}, {fault.replaced_s:.1f}s after its decommission",
+              flush=True)
 
     def _restore(self, host: str) -> None:
         """The link of ``host`` up again, unless a later cut of it still runs."""

@@ -503,23 +503,50 @@ class NetCluster:
         # workers start once the master listens: a worker whose first registration fails retries only 5-15 s later
         self._wait_master(lambda st: st.get("status") == "ALIVE", "the Spark master", deadline)
         for name in self.worker_names:
-            self._spark_daemon(name, f"worker-{name}", "org.apache.spark.deploy.worker.Worker",
-                               [self.master_url, "--host", self.hosts[name], "--cores", str(self.cores),
-                                "--memory", f"{self.memory_mb}M", "--webui-port", str(WORKER_UI_PORT),
-                                "--work-dir", os.path.join(self.state_dir, "work", name),
-                                "--properties-file", worker_conf],
-                               {"SPARK_LOCAL_DIRS": os.path.join(self.state_dir, "local", name)})
-        want = {self.hosts[n] for n in self.worker_names}
-
-        def registered(st: dict) -> bool:
-            alive = {w.get("host") for w in st.get("workers", []) if w.get("state") == "ALIVE"
-                     and AGENT_SLOT in (w.get("resources") or {})}
-            return want <= alive
-
-        self._wait_master(registered, f"{self.workers} Spark worker(s)", deadline)
+            self._start_worker(name)
+        self._wait_master(self._registered(self.worker_names), f"{self.workers} Spark worker(s)", deadline)
         self._say(f"up {self.prefix}: master {self.master_url}, {self.workers} worker(s) x {self.cores} core(s) "
                   f"x {self.memory_mb} MB with {AGENT_SLOT}, link {self.link}; spark pids "
                   + ",".join(map(str, self.spark_pids)))
+
+    def _start_worker(self, name: str) -> None:
+        self._spark_daemon(name, f"worker-{name}", "org.apache.spark.deploy.worker.Worker",
+                           [self.master_url, "--host", self.hosts[name], "--cores", str(self.cores),
+                            "--memory", f"{self.memory_mb}M", "--webui-port", str(WORKER_UI_PORT),
+                            "--work-dir", os.path.join(self.state_dir, "work", name),
+                            "--properties-file", os.path.join(self.state_dir, "conf", "worker.conf")],
+                           {"SPARK_LOCAL_DIRS": os.path.join(self.state_dir, "local", name)})
+
+    def _registered(self, names: Sequence[str], besides: Sequence[str] = ()):
+        """A test of the master's state: a worker of each host in ``names`` is ALIVE with the agent slot (and
+        is none of the worker ids in ``besides``)."""
+        want = {self.hosts[n] for n in names}
+
+        def registered(st: dict) -> bool:
+            alive = {w.get("host") for w in st.get("workers", []) if w.get("state") == "ALIVE"
+                     and AGENT_SLOT in (w.get("resources") or {}) and w.get("id") not in besides}
+            return want <= alive
+
+        return registered
+
+    def replace_worker(self, name: str, timeout_s: float = 120.0) -> float:
+        """The cluster manager's side of a lost node (a spot instance taken back after its notice): the worker
+        of host ``name`` stopped (its JVM and executors, SIGTERM then SIGKILL) and a fresh one started on the same
+        host, as a new node with the old one's address; returns once the master has it ALIVE (seconds taken)."""
+        t0 = time.monotonic()
+        before = [w.get("id") for w in self.master_state().get("workers", []) if w.get("host") == self.hosts[name]]
+        for daemon in [d for d in self._daemons if d[0] == f"worker-{name}"]:
+            _, p, _ = daemon
+            if p.poll() is None:
+                _kill_group(p.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(5.0)
+            _stop_popen(p, signal.SIGKILL, grace=0.0)
+            self._daemons.remove(daemon)
+        self._start_worker(name)
+        self._wait_master(self._registered([name], besides=before), f"a fresh Spark worker on {name}",
+                          time.monotonic() + timeout_s)
+        return time.monotonic() - t0
 
     def master_state(self, timeout: float = 5.0) -> dict:
         """The master's JSON status (``http://<driver-ip>:8080/json/``), fetched from inside the driver namespace."""
