@@ -59,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from mpca.bench.emulated_cluster import DRIVER_HOST, MASTER, NETWORK, rate_bits
@@ -285,6 +286,10 @@ class NetCluster:
         self.spark_pids: List[int] = []
         self._daemons: List[Tuple[str, subprocess.Popen, str]] = []  # (name, process, log path)
         self._children: List[subprocess.Popen] = []
+        # a worker started later (replace_worker) is started from this long-lived thread: its processes get
+        # SIGTERM when the *thread* that started them ends (PR_SET_PDEATHSIG), so a caller's short-lived thread
+        # (a timer) would take its fresh worker down a second after it registered
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netcluster-spawn")
         self._created = False
         self._up = False
 
@@ -316,6 +321,8 @@ class NetCluster:
         ok, why = available()
         if not ok:
             raise NetClusterUnavailable(why)
+        if self._spawner._shutdown:  # a cluster brought up again after close()
+            self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netcluster-spawn")
         try:
             self._create_network()
             if self.with_spark:
@@ -543,7 +550,7 @@ class NetCluster:
                     p.wait(5.0)
             _stop_popen(p, signal.SIGKILL, grace=0.0)
             self._daemons.remove(daemon)
-        self._start_worker(name)
+        self._spawner.submit(self._start_worker, name).result()
         self._wait_master(self._registered([name], besides=before), f"a fresh Spark worker on {name}",
                           time.monotonic() + timeout_s)
         return time.monotonic() - t0
@@ -651,6 +658,7 @@ class NetCluster:
             if not left:
                 _used_prefixes.discard(self.prefix)
             self._daemons.clear()
+            self._spawner.shutdown(wait=False)
             self._created = self._up = False
             if left:
                 print(f"netcluster: warning: could not remove {', '.join(left)}", file=sys.stderr, flush=True)
