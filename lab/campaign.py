@@ -651,7 +651,7 @@ def main(argv=None) -> int:
                            calls={int(a): t for a, t in c.get("calls", {}).items()}) for c in out["cycle_rows"]]
             measure(faults, cycles, out.get("arrivals", []))
             out["faults"] = [asdict(f) for f in faults]
-        out.update(summary=summary(faults), outcomes=outcome_table(faults), resources=resource_table(out["samples"]))
+        out.update(summary=summary(faults), outcomes=outcome_table(faults), resources=resource_table(out.get("samples", [])))  # a failed run kept none
         print(report(out))
         if args.update:
             _write(args.report + ".tmp", out)
@@ -758,8 +758,10 @@ def _write(path: Optional[str], out: dict) -> None:
 
 
 def report(out: dict) -> str:
+    ending = (f"final holdout error {out['final_error']:.4f}" if out.get("final_error") is not None else
+              "the run failed: " + (out.get("run_failed") or "").strip().splitlines()[-1][:200])
     lines = [f"{out['algorithm']}: {out['cycles']} cycles in {out['minutes']:g} min, {out['incarnations']} driver "
-             f"incarnation(s), seed {out['seed']}; final holdout error {out['final_error']:.4f}" +
+             f"incarnation(s), seed {out['seed']}; {ending}" +
              (f" (no faults: {out['reference_final_error']:.4f})" if "reference_final_error" in out else ""),
              f"{'fault':<12} {'scheduled':>9} {'injected':>8} {'recovered':>9} {'median s':>9} {'longest s':>9} "
              f"{'median s after it ended':>23} {'median cycles after replacement executor | agent up':>52}"]

@@ -289,7 +289,7 @@ class NetCluster:
         # a worker started later (replace_worker) is started from this long-lived thread: its processes get
         # SIGTERM when the *thread* that started them ends (PR_SET_PDEATHSIG), so a caller's short-lived thread
         # (a timer) would take its fresh worker down a second after it registered
-        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netcluster-spawn")
+        self._spawner: Optional[ThreadPoolExecutor] = None  # made on __enter__, shut down on close
         self._created = False
         self._up = False
 
@@ -321,8 +321,7 @@ class NetCluster:
         ok, why = available()
         if not ok:
             raise NetClusterUnavailable(why)
-        if self._spawner._shutdown:  # a cluster brought up again after close()
-            self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netcluster-spawn")
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netcluster-spawn")
         try:
             self._create_network()
             if self.with_spark:
@@ -658,7 +657,8 @@ class NetCluster:
             if not left:
                 _used_prefixes.discard(self.prefix)
             self._daemons.clear()
-            self._spawner.shutdown(wait=False)
+            if self._spawner is not None:
+                self._spawner.shutdown(wait=False)
             self._created = self._up = False
             if left:
                 print(f"netcluster: warning: could not remove {', '.join(left)}", file=sys.stderr, flush=True)

@@ -93,10 +93,11 @@ class NotesToRunDir(logging.Handler):
         if self.sent > self.cap:
             return
         try:
-            message = record.getMessage() if self.sent < self.cap else (
-                f"more than {self.cap} warnings: the rest are only in the coordinator's executor log")
-            self.rundir.write_note("coordinator", record.levelno if self.sent < self.cap else logging.WARNING,
-                                   message)
+            if self.sent == self.cap:
+                self.rundir.write_note("coordinator", logging.WARNING, f"more than {self.cap} warnings: the rest "
+                                       "are only in the coordinator's executor log")
+            else:
+                self.rundir.write_note("coordinator", record.levelno, record.getMessage())
             self.sent += 1
         except Exception:  # noqa: BLE001 - logging must not fail the run
             self.handleError(record)

@@ -96,6 +96,8 @@ class RelayJobs(ExchangeJobs):
     """:class:`~mpca.runtime.jobs.ExchangeJobs` run by the coordinator: a job's tasks are threads, one per agent
     it must reach (its plan's ``only_agents``, else every agent announced or on the roster)."""
 
+    abandons = False  # its tasks end within their own waits: there is no job to cancel
+
     def __init__(self, directory: AgentDirectory, run_id: str, secret: bytes, roster: AgentRoster, codec: Codec,
                  task_timeout_s: float, attempt: int = 0):
         """``attempt``: the coordinator task's attempt, in every claim token — the agents remember the tokens
@@ -108,8 +110,6 @@ class RelayJobs(ExchangeJobs):
 
     def plan(self, token: str, op: str, **kw) -> ExchangePlan:
         return super().plan(f"{self.attempt}:{token}", op, **kw)
-
-    abandons = False  # its tasks end within their own waits: there is no job to cancel
 
     def spread(self, agents: int, attempt: int = 1) -> int:
         return agents  # one relay task per agent: none lands where its agent is not

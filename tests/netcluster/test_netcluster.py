@@ -323,3 +323,27 @@ def test_sigterm_to_bench_compare_on_the_emulated_cluster_tears_it_down(tmp_path
         _assert_clean(prefix)
     finally:
         _kill_and_remove(p, prefix)
+
+
+@needs_netns
+def test_a_replaced_worker_stays_up_after_the_thread_that_replaced_it_ends():
+    """NetCluster.replace_worker (the fault campaign's cluster manager after a decommission) called from a
+    thread that then ends, as the campaign's timer does: the fresh worker is still ALIVE seconds later, under a
+    new id (the daemons die with the thread that started them, PR_SET_PDEATHSIG: it was DEAD a second after it
+    registered), and nothing is left after the teardown."""
+    import threading
+
+    with NetCluster(2, link="1gbit", decommission=True) as cluster:
+        host = cluster.hosts["w1"]
+        before = {w["id"] for w in cluster.master_state()["workers"] if w["host"] == host}
+        replacing = threading.Thread(target=cluster.replace_worker, args=("w1",))
+        replacing.start()
+        replacing.join(150)
+        assert not replacing.is_alive()
+        time.sleep(6.0)
+        states = {w["id"]: w["state"] for w in cluster.master_state()["workers"] if w["host"] == host}
+        fresh = {i: s for i, s in states.items() if i not in before}
+        assert list(fresh.values()) == ["ALIVE"], states
+        assert all(states[i] == "DEAD" for i in before), states
+        pids = list(cluster.spark_pids)
+    assert not any(_alive(p) for p in pids)
