@@ -52,6 +52,7 @@ The model_fn wrapper runs on executors, which cannot import ``lab``: this module
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import functools
 import glob
@@ -100,6 +101,8 @@ class Fault:
     agent_up_s: Optional[float] = None  # kill: from injection to its replacement agent's model being built
     cycles_after_agent_up: Optional[int] = None  # kill: cycles that ended from then to its recovery
     replaced_s: Optional[float] = None  # decommission: from injection to a fresh worker on its host being ALIVE
+    skipped: Optional[str] = None  # not injected: why (its agent or the driver had no process then, ...)
+    drawn_agent: Optional[int] = None  # the agent the schedule drew, where it had no process and ``agent`` took it
 
 
 def parse_kinds(text: str) -> Dict[str, float]:
@@ -290,6 +293,7 @@ class Campaign:
     cluster: Any = None  # the emulated cluster (lab.netcluster.NetCluster) the drivers run in; None: this host
     cut_until: Dict[str, float] = field(default_factory=dict)  # host -> when its (latest) cut ends
     arrivals: List[dict] = field(default_factory=list)  # each agent process seen: agent, pid, its executor's start
+    agents: int = 1  # K: a fault whose drawn agent has no process hits the next agent that has one
 
     def here(self, *parts: str) -> str:
         return os.path.join(self.directory, f"inc-{self.incarnation}", *parts)
@@ -306,11 +310,24 @@ class Campaign:
             return None
 
     def inject(self, fault: Fault) -> None:
+        """Inject ``fault`` now; where it cannot be (its process is not up), leave it not injected and say why in
+        ``fault.skipped``."""
         fault.incarnation = self.incarnation
+        fault.skipped = self._inject(fault)
+        if fault.skipped is not None:
+            return
+        fault.injected_at = time.time()
+        print(f"[campaign] {fault.kind} " + ("driver" if fault.agent == DRIVER else f"agent {fault.agent}") +
+              f" (pid {fault.pid}, incarnation {fault.incarnation})" +
+              (f" for {fault.hold_s:.1f}s" if fault.kind in ("stop", "cut") else "") +
+              (f": {fault.variant}" if fault.variant else ""), flush=True)
+
+    def _inject(self, fault: Fault) -> Optional[str]:
+        """Inject ``fault``: None, or why it could not be."""
         if fault.kind == "driver":
             proc = self.driver
             if proc is None or proc.poll() is not None or self.incarnation in self.killed:
-                return
+                return "no driver process"
             jvm = driver_jvm(proc.pid)
             self.killed.add(self.incarnation)
             for pid in (proc.pid, jvm):  # the driver's host is gone: both at once, no shutdown hook runs
@@ -319,13 +336,15 @@ class Campaign:
             fault.pid = proc.pid
         else:
             pid = self.agent_pid(fault.agent)
-            if pid is None:  # no process of that agent now (a replacement not up yet): not injected, said so
-                return
+            if pid is None and fault.kind != "decommission":  # a replacement not up yet: the next agent up instead
+                pid = self._hit_next_agent_up(fault)
+            if pid is None:  # none up (the driver down, or a decommission's own agent not up): not injected
+                return "no agent process"
             fault.pid = pid
             if fault.kind == "kill":
                 jvm = executor_of(pid)
                 if jvm is None:
-                    return
+                    return "no executor JVM"
                 _signal(jvm, signal.SIGKILL)
             elif fault.kind == "stop":
                 _signal(pid, signal.SIGSTOP)
@@ -335,7 +354,7 @@ class Campaign:
             elif fault.kind == "cut":
                 host = self.cluster.host_of(pid) if self.cluster is not None else None
                 if host is None or host == "driver":
-                    return
+                    return "no worker host"
                 self.cut_until[host] = max(self.cut_until.get(host, 0.0), time.time() + fault.hold_s)
                 self.cluster.set_link(host, False)
                 fault.outcome = host
@@ -344,7 +363,7 @@ class Campaign:
                 jvm = executor_of(pid)
                 worker = parent_of(jvm) if jvm else None
                 if worker is None or b"deploy.worker.Worker" not in _cmdline(worker):  # local-cluster: in the driver
-                    return
+                    return "no worker process"
                 _signal(worker, signal.SIGPWR)
                 fault.outcome = self.cluster.host_of(worker) if self.cluster is not None else None
                 if fault.outcome is not None:
@@ -354,14 +373,21 @@ class Campaign:
                     with open(self.here("run.json")) as f:
                         run = json.load(f)
                 except (FileNotFoundError, ValueError):
-                    return
+                    return "no run.json yet"
                 path = os.path.join(f"/proc/{pid}/cwd", f"mpca-{run['run_id']}-agent-{fault.agent}.sock")
                 threading.Thread(target=self._corrupt, args=(fault, path, run), daemon=True).start()
-        fault.injected_at = time.time()
-        print(f"[campaign] {fault.kind} " + ("driver" if fault.agent == DRIVER else f"agent {fault.agent}") +
-              f" (pid {fault.pid}, incarnation {fault.incarnation})" +
-              (f" for {fault.hold_s:.1f}s" if fault.kind in ("stop", "cut") else "") +
-              (f": {fault.variant}" if fault.variant else ""), flush=True)
+        return None
+
+    def _hit_next_agent_up(self, fault: Fault) -> Optional[int]:
+        """Where the drawn agent has no process (its replacement is starting), the fault goes to the next agent in
+        order that has one — a cluster's faults hit whatever runs — and ``drawn_agent`` keeps the draw."""
+        for step in range(1, self.agents):
+            agent = (fault.agent + step) % self.agents
+            pid = self.agent_pid(agent)
+            if pid is not None:
+                fault.drawn_agent, fault.agent = fault.agent, agent
+                return pid
+        return None
 
     def _replace_worker(self, fault: Fault, noticed: float) -> None:
         """The cluster manager's side of a decommission: the worker stopped and a fresh one on its host."""
@@ -706,7 +732,7 @@ def main(argv=None) -> int:
         os.makedirs(directory)
         faults = schedule(args.seed, duration, kinds, agents, _span(args.gap_s), _span(args.stop_s),
                           cut_s=_span(args.cut_s))
-        campaign = Campaign(directory, faults, args.sample_s, cluster=cluster)
+        campaign = Campaign(directory, faults, args.sample_s, cluster=cluster, agents=agents)
         t0 = time.time()
         threads = [threading.Thread(target=campaign.run_faults, args=(t0,), daemon=True),
                    threading.Thread(target=campaign.sample, args=(t0, agents), daemon=True)]
@@ -770,6 +796,10 @@ def report(out: dict) -> str:
                      f"{r['median_s']:>9.1f} {r['max_s']:>9.1f} {r['median_after_s']:>23.1f} "
                      f"{r.get('median_cycles_after_up', math.nan):>43.1f} | "
                      f"{r.get('median_cycles_after_agent_up', math.nan):>6.1f}")
+    skipped = collections.Counter(f.get("skipped") for f in out["faults"] if f.get("injected_at") is None)
+    if skipped:
+        lines.append("not injected: " + ", ".join(f"{n} ({why or 'reason not kept'})"
+                                                  for why, n in skipped.most_common()))
     lines.append(f"{'fault':<12} {'count':>5}  outcome")
     for r in out["outcomes"]:
         lines.append(f"{r['fault']:<12} {r['count']:>5}  {r['outcome'][:90]}")

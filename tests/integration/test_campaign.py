@@ -26,8 +26,12 @@ def test_a_short_campaign_recovers_from_every_fault_it_injects(tmp_path):
     print(p.stdout[-3000:])
     res = json.loads(out.read_text())
     injected = [f for f in res["faults"] if f["injected_at"] is not None]
-    assert len(injected) >= 15 and {f["kind"] for f in injected} >= {"kill", "stop", "nan", "corrupt", "driver"}, \
+    # a fault whose agent is down hits the other agent; it is left out only while no process is up (the driver's
+    # resume, 15-31 s): 26 of 33 here, 11 on CI's machine before faults moved to the agent up
+    assert len(injected) >= 12 and {f["kind"] for f in injected} >= {"kill", "stop", "nan", "corrupt", "driver"}, \
         [(f["kind"], f["t"]) for f in res["faults"]]
+    assert all(f["skipped"] in ("no agent process", "no driver process", "no executor JVM") for f in res["faults"]
+               if f["injected_at"] is None), [(f["kind"], f["t"], f["skipped"]) for f in res["faults"]]
     assert res["incarnations"] >= 2  # the driver was killed and resumed
     # a fault recovers once a later cycle counted its agent again (a driver's: once the resumed driver ran a
     # cycle); those in the last 50 s may have had no cycle left after them (a killed agent's replacement executor
