@@ -247,7 +247,7 @@ def _write_outputs(cfg: JobConfig, fit, signal_code, trackers, t0: float) -> Job
     summary = {
         "status": status,
         "exit_code": code, "stop_reason": fit.stop_reason, "final_holdout_error": fit.final.error,
-        "final_holdout_loss": fit.final.loss, "metric": metric, "target_error": cfg.stop.target_error,
+        "final_holdout_loss": fit.final.loss, "holdout_missing_agents": fit.holdout_missing, "metric": metric, "target_error": cfg.stop.target_error,
         "target_loss": cfg.stop.target_loss, "wall_s": fit.wall_s,
         "job_wall_s": time.time() - t0, "cycles": fit.cycles, "agents_up_s": fit.agents_up_s,
         "prepare_s": fit.prepare_s, "first_exchange_s": fit.first_exchange_s,  # start-up, before / after the clock's 0

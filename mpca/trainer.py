@@ -54,6 +54,7 @@ class FitResult:
     prepare_s: Optional[float] = None  # the driver's work between fit's call and the clock's 0 (the model, the first
     # rows' check; the holdout's read where the agents do not set it aside, mpca.data.holdout)
     startup: Dict[int, Dict[str, float]] = field(default_factory=dict)  # per agent: AgentRun.startup_phases
+    holdout_missing: List[int] = field(default_factory=list)  # agents whose holdout rows never came: scored without
 
 
 class Trainer:
@@ -337,7 +338,7 @@ class Trainer:
                          first_cycle=out.first_cycle, counters=run.counters(), driver_rule=run.rule,
                          agents_up_s=out.agents_up_s, first_exchange_s=out.first_exchange_s,
                          first_exchange_job_end_s=out.first_exchange_job_end_s, prepare_s=out.prepare_s,
-                         startup=out.startup)
+                         startup=out.startup, holdout_missing=out.holdout_missing)
 
 
 class _HoldoutRows:
@@ -380,16 +381,22 @@ class _RunLoop:
         self.last_eval, self.eval_wanted = time.time(), False
         self.last_checkpoint = time.time()
 
-    def holdout_ready(self, wait_s: float = 0.0) -> bool:
-        """Whether the evaluator has the holdout: the agents set it aside as their rows arrive, so it is asked for
-        once every agent has all of them, or after ``wait_s`` of asking."""
+    def holdout_ready(self, wait_s: float = 0.0, partial: bool = False) -> bool:
+        """Whether the evaluator has the holdout: the agents set it aside as their rows arrive, so each is asked
+        once it has all of them, or after ``wait_s`` of asking; with ``partial`` (the run's end), the rows of
+        the agents that handed theirs over when some never did, with a warning naming the others."""
         if self.evaluator.has_holdout:
             return True
         if not self.holdout.here:
-            got = self.run.holdout_rows(wait_s) if wait_s or self.run.rows_loaded() else None
-            if got is None:
+            got = self.run.holdout_rows(wait_s, partial)
+            if got is None or (got[2] and not len(got[1])):  # none at all, or none of those that answered
                 return False
-            self.holdout.take(*got)
+            x, y, missing = got
+            if missing:
+                log.warning("the holdout rows of agent(s) %s never came (their executors lost, not replaced "
+                            "within %.0fs): the run is scored on the %d rows of the others", missing, wait_s, len(y))
+                self.out.holdout_missing = missing
+            self.holdout.take(x, y)
         self.evaluator.set_holdout(self.holdout.x, self.holdout.y)
         return True
 
@@ -411,8 +418,8 @@ class _RunLoop:
             # optional throttle: fewer cycles leave more CPU to the agents where cores are shared
             time.sleep(max(0.0, st.algorithm.cycle_interval_s - (time.time() - rec.t_submit)))
             c += 1
-        if not self.holdout_ready(st.cluster.agent_start_timeout_s):  # a run that ended before every row arrived
-            raise RunFailedError(f"the agents' rows did not all arrive within "
+        if not self.holdout_ready(st.cluster.agent_start_timeout_s, partial=True):  # no agent's rows arrived
+            raise RunFailedError(f"no agent's holdout rows arrived within "
                                  f"{st.cluster.agent_start_timeout_s:.0f}s of the run's end; check the "
                                  "executors' logs")
         self.evaluator.close()  # the scores still queued (those taken before the holdout came, where it came late)
@@ -505,3 +512,4 @@ class _Outcome:
     first_exchange_job_end_s: Optional[float] = None
     prepare_s: Optional[float] = None
     startup: Dict[int, Dict[str, float]] = field(default_factory=dict)
+    holdout_missing: List[int] = field(default_factory=list)

@@ -283,7 +283,7 @@ def fit_over_connect(trainer, spark, df, holdout, called: float):
                     first_cycle=result["first_cycle"], counters=RunCounters(**result["counters"]), driver_rule=None,
                     agents_up_s=result["agents_up_s"], first_exchange_s=result["first_exchange_s"],
                     first_exchange_job_end_s=result["first_exchange_job_end_s"], prepare_s=result["prepare_s"],
-                    startup=_int_keys(result["startup"]))
+                    startup=_int_keys(result["startup"]), holdout_missing=result.get("holdout_missing", []))
     observer.finish(fit)
     return fit
 

@@ -201,7 +201,7 @@ def coordinate(job: CoordinatorJob) -> Dict[str, Any]:
                      "job_group": result.counters.job_group, "service_bytes": result.counters.service_bytes},
         "agents_up_s": result.agents_up_s, "first_exchange_s": result.first_exchange_s,
         "first_exchange_job_end_s": result.first_exchange_job_end_s, "prepare_s": result.prepare_s,
-        "startup": result.startup, "history": result.history.to_dict("records"),
+        "startup": result.startup, "holdout_missing": result.holdout_missing, "history": result.history.to_dict("records"),
         "timeline": list(result.timeline.iter_rows()), "agents": result.agents, "written_at": time.time()}))
     return {"cycles": result.cycles, "stop_reason": result.stop_reason}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -111,32 +112,86 @@ def _while_alive(job: Callable, alive: Callable[[], bool], cancel: Callable[[], 
     return out["result"]
 
 
-def holdout(jobs: ExchangeJobs, max_rows: int, wait_s: float = 0.0) -> Optional[List[Tuple[dict, bytes]]]:
-    """The holdout rows the agents set aside as they loaded (:mod:`mpca.data.holdout`), in two light jobs: each
-    agent's ``max_rows`` smallest row hashes, then from each agent its rows up to the ``max_rows``-th smallest
-    of all those — together the ``max_rows`` rows of smallest hash (more only where hashes tie); each agent's
-    answer as (header, payload).  None while some agent is still loading — or cannot be reached, its executor
-    lost and its replacement not yet listening (it loads its rows again and sets the same ones aside) — after
-    ``wait_s`` of asking again; at once, without a job, when ``wait_s`` is 0 and the roster counts an agent
-    absent (the driver asks after each cycle: no control jobs every cycle while an agent is away)."""
-    from mpca.data.holdout import holdout_cut_off
+@dataclass
+class HoldoutGathered:
+    """What the agents handed over of their holdout rows so far (:func:`holdout`), kept across asks; a run's
+    :class:`~mpca.runtime.run.AgentRun` holds one.  An agent's replacement loads the same partition and sets the
+    same rows aside, so an answer once given stays true after its executor is lost — and in a run whose agents
+    are killed again and again there may never be a moment when all of them are up to answer together."""
 
+    max_rows: int
+    hashes: Dict[int, np.ndarray] = field(default_factory=dict)  # agent -> its smallest hashes, once it had loaded
+    rows: Dict[int, Tuple[int, Tuple[dict, bytes]]] = field(default_factory=dict)  # agent -> (cut-off, its answer)
+
+    def cut_off(self, agents: List[int]) -> Optional[int]:
+        """The ``max_rows``-th smallest of the hashes that ``agents`` handed over (None: no row among them)."""
+        from mpca.data.holdout import holdout_cut_off
+
+        known = [self.hashes[a] for a in agents if a in self.hashes]
+        return holdout_cut_off(np.concatenate(known) if known else [], self.max_rows)
+
+    def holders(self, agents: List[int]) -> List[int]:
+        """Those of ``agents`` that handed over hashes and hold a row up to their cut-off."""
+        cut = self.cut_off(agents)
+        return [a for a in agents if a in self.hashes and len(self.hashes[a]) and self.hashes[a][0] <= cut]
+
+    def owing(self, agents: List[int]) -> List[int]:
+        """Those of ``agents`` whose hashes, or rows up to the cut-off of them all, are not in yet."""
+        if any(a not in self.hashes for a in agents):
+            return [a for a in agents if a not in self.hashes]
+        cut = self.cut_off(agents)
+        return [a for a in self.holders(agents) if self.rows.get(a, (None,))[0] != cut]
+
+    def answers(self, agents: List[int]) -> List[Tuple[dict, bytes]]:
+        """The rows kept of the holders among ``agents`` (each as it answered)."""
+        return [self.rows[a][1] for a in self.holders(agents) if a in self.rows]
+
+
+def holdout(jobs: ExchangeJobs, gathered: HoldoutGathered, wait_s: float = 0.0,
+            loaded: Optional[Callable[[int], bool]] = None) -> Optional[List[Tuple[dict, bytes]]]:
+    """The holdout rows the agents set aside as they loaded (:mod:`mpca.data.holdout`), in light jobs: each
+    agent's ``max_rows`` smallest row hashes, then from each agent its rows up to the ``max_rows``-th smallest
+    of all those — together the ``max_rows`` rows of smallest hash (more only where hashes tie); each holder's
+    answer as (header, payload).  What an agent handed over is kept in ``gathered`` and never asked again.
+    Only agents the roster counts present — and, where ``loaded`` is given, whose latest report says their rows
+    are all in — are asked while ``wait_s`` is 0 (the driver asks after each cycle: no control job every cycle
+    for an agent that is away or loading).  None while some agent still owes its rows, after ``wait_s`` of
+    asking again (an agent's executor lost and its replacement not listening yet, or still loading)."""
     deadline = time.time() + wait_s
     agents = sorted(jobs.roster.agents)
-    if not wait_s and any(a in jobs.roster.absent for a in agents):  # asked after a cycle: not while one is away
-        return None
     while True:
-        hashes = _ask_every_agent(jobs, agents, "holdout-hashes", {})
-        if len(hashes) == len(agents) and all(not h.get("loading") for h, _ in hashes.values()):
-            mine = {a: np.frombuffer(payload, dtype=np.int64) for a, (_, payload) in hashes.items()}  # ascending
-            cut_off = holdout_cut_off(np.concatenate(list(mine.values())) if mine else [], max_rows)
-            holders = [a for a in agents if len(mine[a]) and mine[a][0] <= cut_off] if cut_off is not None else []
-            rows = _ask_every_agent(jobs, holders, "holdout-rows", {"up_to": cut_off})
-            if len(rows) == len(holders):
-                return [rows[a] for a in holders]
+        ask = [a for a in gathered.owing(agents)
+               if wait_s or (a not in jobs.roster.absent and (loaded is None or loaded(a)))]
+        if ask and all(a in gathered.hashes for a in agents):
+            cut = gathered.cut_off(agents)
+            for a, answer in _ask_every_agent(jobs, ask, "holdout-rows", {"up_to": cut}).items():
+                gathered.rows[a] = (cut, answer)
+        elif ask:
+            for a, (header, payload) in _ask_every_agent(jobs, ask, "holdout-hashes", {}).items():
+                if not header.get("loading"):
+                    gathered.hashes[a] = np.frombuffer(payload, dtype=np.int64)  # ascending
+            if all(a in gathered.hashes for a in agents):
+                continue  # every agent's hashes in: their rows at once
+        if not gathered.owing(agents):
+            return gathered.answers(agents)
         if time.time() >= deadline:
             return None
         time.sleep(0.2)
+
+
+def partial_holdout(jobs: ExchangeJobs, gathered: HoldoutGathered) -> Tuple[List[Tuple[dict, bytes]], List[int]]:
+    """At a run's end, where some agents never handed their holdout over (:func:`holdout` gave up): the rows of
+    smallest hash among the agents that did, asked once more of those whose rows are not in at that cut-off,
+    and the agents missing."""
+    agents = sorted(jobs.roster.agents)
+    missing = [a for a in agents if a not in gathered.hashes]
+    known = [a for a in agents if a in gathered.hashes]
+    cut = gathered.cut_off(known)
+    ask = [a for a in gathered.holders(known) if gathered.rows.get(a, (None,))[0] != cut]
+    if ask:
+        for a, answer in _ask_every_agent(jobs, ask, "holdout-rows", {"up_to": cut}).items():
+            gathered.rows[a] = (cut, answer)
+    return gathered.answers(known), missing + [a for a in gathered.holders(known) if a not in gathered.rows]
 
 
 def _ask_every_agent(jobs: ExchangeJobs, agents: List[int], token: str, params: dict) -> Dict[int, Tuple[dict, bytes]]:

@@ -118,6 +118,7 @@ class AgentRun:
         self.agent_info: Dict[int, AgentReport] = {}
         self._decommission_checked = 0.0
         self._present = self.agents  # the count the driver rule was last told (built with K)
+        self._holdout = control.HoldoutGathered(settings.data.holdout_max_rows)  # what the agents handed over
 
     def __enter__(self) -> "AgentRun":
         t0 = time.time()
@@ -151,24 +152,30 @@ class AgentRun:
                  self.layout.describe(), self.settings.algorithm.name)
         return self
 
-    def rows_loaded(self) -> bool:
-        """Whether every agent has all of its rows (by its latest report; they arrive while it trains)."""
-        latest = {**self.agent_info, **self.pipeline.last_agent_reports}
-        return all(latest[a].loading is False for a in self.pipeline.roster.agents if a in latest)
+    def _loaded(self, agent: int) -> bool:
+        """Whether ``agent`` has all of its rows, by its latest report (they arrive while it trains)."""
+        latest = self.pipeline.last_agent_reports.get(agent) or self.agent_info.get(agent)
+        return latest is None or latest.loading is False
 
-    def holdout_rows(self, wait_s: float = 0.0) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    def holdout_rows(self, wait_s: float = 0.0, partial: bool = False
+                     ) -> Optional[Tuple[torch.Tensor, torch.Tensor, List[int]]]:
         """The holdout rows the agents set aside (``holdout_on_agents``), as the driver scores on them: the
         ``data.holdout_max_rows`` of smallest row hash, in hash order — features and labels (integer labels as
-        int64, others float32), as :func:`mpca.data.checks.tensors` gives a collected holdout.  None while
-        some agent's rows are still arriving, after ``wait_s`` of asking again."""
+        int64, others float32), as :func:`mpca.data.checks.tensors` gives a collected holdout — and the agents
+        whose rows are missing (none, unless ``partial``).  Each agent is asked once it reports all its rows in,
+        and what it handed over is kept (:class:`~mpca.runtime.control.HoldoutGathered`).  None while some
+        agent's rows are still owed, after ``wait_s`` of asking again; with ``partial``, then the rows of the
+        agents that handed theirs over, and the others named."""
         from mpca.data.holdout import decode_rows
 
-        data = self.settings.data
-        parts = control.holdout(self.pipeline.jobs, data.holdout_max_rows, wait_s)
+        data, missing = self.settings.data, []
+        parts = control.holdout(self.pipeline.jobs, self._holdout, wait_s, None if wait_s else self._loaded)
+        if parts is None and partial:
+            parts, missing = control.partial_holdout(self.pipeline.jobs, self._holdout)
         if parts is None:
             return None
         x, y, _ = decode_rows(parts, data.holdout_max_rows, data.input_shape)  # labels int64 or float32 already
-        return torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y))
+        return torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y)), missing
 
     def startup_phases(self, t0: float) -> Dict[int, Dict[str, float]]:
         """Per agent, on the run's clock (``t0`` its 0): when its Spark task started (its executor's clock, kept
