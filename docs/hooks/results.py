@@ -48,7 +48,9 @@ A cell is text, a *figure*, or a list of them (joined without separators).  A fi
   ``restarts`` (driver incarnations − 1), ``peak:<process>:<figure>`` and ``q4_over_q2:<process>:<figure>`` (its
   resource table: the last quarter's median over the second's), or ``connect:<mode>:<field>`` (``"from"`` a
   ``python -m lab.connect_overhead --json`` file, no ``series``: ``field`` of every repeat of ``mode``, ``classic``
-  or ``connect``, e.g. ``to_target_s``, ``to_first_exchange_s``, ``cycles_per_s``).  ``format`` is a Python
+  or ``connect``, e.g. ``to_target_s``, ``to_first_exchange_s``, ``cycles_per_s``), or
+  ``scaling:<link>:<algorithm>:<K>`` (``"from"`` a ``python -m lab.scaling`` file, no ``series``, ``n`` = 1: that
+  cell's simulated time to the file's target error at that link; null where it was not reached).  ``format`` is a Python
   format string over ``median``, ``min``, ``max``, ``n``, ``reached`` (the repeats that reached the target);
   ``missing`` (formatted the same way) is shown when the median is null;
 * a ratio of two measured medians: ``{"ratio": [<figure>, <figure>], "value": 0.81, "format": "{value:.2f}"}``;
@@ -133,14 +135,25 @@ def campaign_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
     raise ValueError(f"unknown campaign figure {figure!r}")
 
 
+def scaling_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
+    """One cell of a K-scaling simulation's JSON (``python -m lab.scaling``; see ``scaling:`` above)."""
+    link, algorithm, agents = figure.split(":")
+    rows = [r for r in doc["links"][link]["rows"] if r["algorithm"] == algorithm and r["agents"] == int(agents)]
+    if len(rows) != 1:
+        raise ValueError(f"scaling figure {figure!r}: {len(rows)} cells, expected one")
+    return _finite(rows[0]["time_s"])
+
+
 def derive(figure: Dict[str, Any]) -> Dict[str, Any]:
     """The derived fields (values, n, median, min, max) of a measured figure, from its ``compare.json``."""
     metric = figure["metric"]
-    if metric.startswith(("sim_time_to:", "campaign:")):  # a simulation's or a fault campaign's file: one figure
+    if metric.startswith(("sim_time_to:", "campaign:", "scaling:")):  # a simulation's or a campaign's: one figure
         source = _source(figure["from"])
         if metric.startswith("campaign:"):
             value = campaign_figure(source, metric.split(":", 1)[1])
             value = value * figure.get("scale", 1) if value is not None else None
+        elif metric.startswith("scaling:"):
+            value = scaling_figure(source, metric.split(":", 1)[1])
         else:
             value = source["time_to_target"].get(metric.split(":", 1)[1])
         return {"values": [value], "n": 1, "median": value, "min": value, "max": value}
@@ -260,7 +273,7 @@ def _figure_problems(f: Dict[str, Any]) -> List[str]:
     out = [f"missing {k!r}" for k in ("n", "median", "min", "max") if k not in f]
     if "from" in f:
         out += [f"missing {k!r}" for k in ("metric",) if k not in f]
-        if "series" not in f and not str(f.get("metric")).startswith(("sim_time_to:", "campaign:", "connect:")):
+        if "series" not in f and not str(f.get("metric")).startswith(("sim_time_to:", "campaign:", "connect:", "scaling:")):
             out.append("missing 'series'")
         if "values" in f and f.get("n") != len(f["values"]):
             out.append("n is not the number of values")

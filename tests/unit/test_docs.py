@@ -258,6 +258,26 @@ def test_a_campaigns_figures_come_from_its_summary_and_resource_table():
                             "rivals-k4") == []  # a campaign figure needs no series
 
 
+def test_a_scaling_figure_is_one_cell_of_a_k_scaling_simulation():
+    """scaling:<link>:<algorithm>:<K> (docs/hooks/results.py) against a hand-written lab.scaling JSON: the cell's
+    time to the target, null where it was not reached; a cell that is missing or twice there is an error."""
+    results = _results()
+    doc = {"links": {"1gbit": {"rows": [{"algorithm": "single", "agents": 1, "time_s": 41.7},
+                                        {"algorithm": "mpca", "agents": 4, "time_s": 12.9},
+                                        {"algorithm": "sync", "agents": 4, "time_s": None},
+                                        {"algorithm": "ddp", "agents": 4, "time_s": 9.0},
+                                        {"algorithm": "ddp", "agents": 4, "time_s": 9.5}]}}}
+    f = results.scaling_figure
+    assert (f(doc, "1gbit:single:1"), f(doc, "1gbit:mpca:4"), f(doc, "1gbit:sync:4")) == (41.7, 12.9, None)
+    for bad in ("1gbit:mpca:8", "1gbit:ddp:4"):
+        with pytest.raises(ValueError):
+            f(doc, bad)
+    results._SOURCES["scaling.json"] = doc
+    speedup = {"ratio": [{"from": "scaling.json", "metric": "scaling:1gbit:single:1"},
+                         {"from": "scaling.json", "metric": "scaling:1gbit:mpca:4"}], "value": None, "format": "{value:.2f}x"}
+    assert results.refresh({"rows": [{"k": speedup}]})["rows"][0]["k"]["value"] == pytest.approx(41.7 / 12.9)
+
+
 def test_a_connect_figure_is_the_spread_of_its_repeats():
     """connect:<mode>:<field> (docs/hooks/results.py) against a hand-written lab.connect_overhead JSON: the median
     of the repeats, null when one never reached the target, with the spread of those that did."""
