@@ -101,12 +101,9 @@ class _Job:
         return [json.loads(r.summary) for r in self.rows]
 
     def failure(self) -> str:
-        from mpca.runtime.agent_job import executor_cause
+        from mpca.runtime.agent_job import job_failure
 
-        if self.error is not None:
-            return executor_cause(str(self.error))
-        errors = [s["error"].strip().splitlines()[-1] for s in self.summaries() if s.get("error")]
-        return errors[0] if errors else "the agents' Spark job ended"
+        return job_failure(self.error, self.summaries())
 
 
 def relay_notes(rundir: RunDir, noted: set, names: Optional[List[str]] = None) -> int:

@@ -96,6 +96,16 @@ def error_line(error: str) -> str:
     return f"{lines[0].rstrip(':')}: {lines[-1]}"
 
 
+def job_failure(error: Optional[BaseException], summaries: List[dict]) -> str:
+    """Why an agents' Spark job ended, in one line (a classic run's :class:`AgentJob`, a Connect client's): the
+    executor's own Python error where Spark carried it, else Spark's message (``error``), else the first error of
+    the agents' summaries (the exception: its traceback's last line)."""
+    if error is not None:
+        return executor_cause(str(error))
+    errors = [s["error"].strip().splitlines()[-1] for s in summaries if s.get("error")]
+    return errors[0] if errors else "the agents' Spark job ended"
+
+
 def note_ending(relay: str, agent_id: int, error: str) -> None:
     """A Spark Connect run's agent whose task ends early says why in the run's directory, at once: the client
     logs it (a Connect user sees no executor's log, and the agents' summaries reach the client only when the
@@ -195,10 +205,7 @@ class AgentJob:
     def failure(self) -> str:
         """Why the agents' job ended, in one line: the executor's own Python error where Spark carried it
         (e.g. a model module the executors cannot import), else Spark's message, else the agents' summaries."""
-        if self.error is None:
-            errors = [s["error"].strip().splitlines()[-1] for s in self.summaries if s.get("error")]
-            return errors[0] if errors else "the agents' Spark job ended"
-        return executor_cause(str(self.error))
+        return job_failure(self.error, self.summaries)
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

@@ -81,3 +81,17 @@ def test_a_session_with_few_task_retries_is_said_before_the_run(caplog):
         warn_low_task_retries(Conf())  # Spark's default: 4
         warn_low_task_retries(Conf({"spark.task.maxFailures": "100"}))
     assert len(caplog.records) == 1 and "is 4: the run ends when one agent's executor is lost 4 times" in caplog.text
+
+
+def test_an_agents_jobs_failure_is_sparks_cause_else_the_first_agents_exception_else_that_it_ended():
+    """job_failure (a classic run's AgentJob and a Connect client's agents' job say it alike)."""
+    from mpca.runtime.agent_job import job_failure
+
+    spark = RuntimeError("Job aborted\nCaused by: org.apache.spark.api.python.PythonException: Traceback (most "
+                         "recent call last):\nModuleNotFoundError: No module named 'team_models'\n\tat x")
+    assert job_failure(spark, [{"error": "ignored"}]) == \
+        "on an executor: ModuleNotFoundError: No module named 'team_models'"
+    summaries = [{"agent": 0}, {"agent": 1, "error": "agent 1 failed:\nTraceback ...\nValueError: bad batch\n"},
+                 {"agent": 2, "error": "OSError: gone"}]
+    assert job_failure(None, summaries) == "ValueError: bad batch"
+    assert job_failure(None, [{"agent": 0}]) == "the agents' Spark job ended"
