@@ -193,7 +193,8 @@ def test_the_agents_set_aside_the_holdout_rows_the_driver_would_have_read_and_tr
                    loss_fn=helpers.cross_entropy, optimizer_fn=helpers.adam, settings=trainer.settings, classes=4,
                    holdout_on_agents=True)
     with run:
-        x, y = run.holdout_rows(wait_s=60)  # once every agent has all of its rows
+        x, y, missing = run.holdout_rows(wait_s=60)  # once every agent has all of its rows
+    assert missing == []
     trained = sum(int(s["rows"]) for s in run.summaries)
     assert len(x) == 5000 and np.array_equal(x.numpy(), driver_x.numpy()) and torch.equal(y, driver_y)
     assert trained == train.count()
