@@ -122,13 +122,21 @@ class HoldoutGathered:
     max_rows: int
     hashes: Dict[int, np.ndarray] = field(default_factory=dict)  # agent -> its smallest hashes, once it had loaded
     rows: Dict[int, Tuple[int, Tuple[dict, bytes]]] = field(default_factory=dict)  # agent -> (cut-off, its answer)
+    _cuts: Dict[Tuple[int, ...], Optional[int]] = field(default_factory=dict, repr=False)  # hashes never change
 
     def cut_off(self, agents: List[int]) -> Optional[int]:
-        """The ``max_rows``-th smallest of the hashes that ``agents`` handed over (None: no row among them)."""
+        """The ``max_rows``-th smallest of the hashes that ``agents`` handed over (None: no row among them);
+        sorted once per set of agents (the driver asks after every cycle until the holdout is in)."""
         from mpca.data.holdout import holdout_cut_off
 
-        known = [self.hashes[a] for a in agents if a in self.hashes]
-        return holdout_cut_off(np.concatenate(known) if known else [], self.max_rows)
+        known = tuple(a for a in agents if a in self.hashes)
+        if known not in self._cuts:
+            self._cuts[known] = holdout_cut_off(np.concatenate([self.hashes[a] for a in known]) if known else [],
+                                                self.max_rows)
+        return self._cuts[known]
+
+    def has_rows(self, agent: int, cut: Optional[int]) -> bool:
+        return agent in self.rows and self.rows[agent][0] == cut
 
     def holders(self, agents: List[int]) -> List[int]:
         """Those of ``agents`` that handed over hashes and hold a row up to their cut-off."""
@@ -140,7 +148,7 @@ class HoldoutGathered:
         if any(a not in self.hashes for a in agents):
             return [a for a in agents if a not in self.hashes]
         cut = self.cut_off(agents)
-        return [a for a in self.holders(agents) if self.rows.get(a, (None,))[0] != cut]
+        return [a for a in self.holders(agents) if not self.has_rows(a, cut)]
 
     def answers(self, agents: List[int]) -> List[Tuple[dict, bytes]]:
         """The rows kept of the holders among ``agents`` (each as it answered)."""
@@ -163,9 +171,7 @@ def holdout(jobs: ExchangeJobs, gathered: HoldoutGathered, wait_s: float = 0.0,
         ask = [a for a in gathered.owing(agents)
                if wait_s or (a not in jobs.roster.absent and (loaded is None or loaded(a)))]
         if ask and all(a in gathered.hashes for a in agents):
-            cut = gathered.cut_off(agents)
-            for a, answer in _ask_every_agent(jobs, ask, "holdout-rows", {"up_to": cut}).items():
-                gathered.rows[a] = (cut, answer)
+            _ask_rows(jobs, gathered, ask, gathered.cut_off(agents))
         elif ask:
             for a, (header, payload) in _ask_every_agent(jobs, ask, "holdout-hashes", {}).items():
                 if not header.get("loading"):
@@ -187,11 +193,16 @@ def partial_holdout(jobs: ExchangeJobs, gathered: HoldoutGathered) -> Tuple[List
     missing = [a for a in agents if a not in gathered.hashes]
     known = [a for a in agents if a in gathered.hashes]
     cut = gathered.cut_off(known)
-    ask = [a for a in gathered.holders(known) if gathered.rows.get(a, (None,))[0] != cut]
+    ask = [a for a in gathered.holders(known) if not gathered.has_rows(a, cut)]
     if ask:
-        for a, answer in _ask_every_agent(jobs, ask, "holdout-rows", {"up_to": cut}).items():
-            gathered.rows[a] = (cut, answer)
+        _ask_rows(jobs, gathered, ask, cut)
     return gathered.answers(known), missing + [a for a in gathered.holders(known) if a not in gathered.rows]
+
+
+def _ask_rows(jobs: ExchangeJobs, gathered: HoldoutGathered, agents: List[int], cut: Optional[int]) -> None:
+    """Ask ``agents`` for their holdout rows up to ``cut``; keep each answer with the cut-off it was given for."""
+    for a, answer in _ask_every_agent(jobs, agents, "holdout-rows", {"up_to": cut}).items():
+        gathered.rows[a] = (cut, answer)
 
 
 def _ask_every_agent(jobs: ExchangeJobs, agents: List[int], token: str, params: dict) -> Dict[int, Tuple[dict, bytes]]:
