@@ -51,6 +51,7 @@ class Checkpoint:
     path: str = ""
     pending: Optional[Dict[str, Any]] = None  # a reduction received but not staged yet (the pipeline's)
     wire: Optional[Dict[str, Any]] = None  # the driver's error-feedback residuals (lossy wire formats)
+    cycle_times: Optional[List[float]] = None  # the last cycles' durations (the cycle deadline's, the bounded wait's)
 
 
 def due(cycles: int, every_cycles: int, since_last_s: float, every_seconds: Optional[float]) -> bool:
@@ -71,7 +72,7 @@ def save(location: str, ckpt: Checkpoint, keep: int = 3) -> str:
     store.sweep_temporaries()
     buf = io.BytesIO()
     torch.save({"format": FORMAT, "cycle": ckpt.cycle, "algorithm": ckpt.algorithm, "driver_state": ckpt.driver_state,
-                "pending": ckpt.pending, "wire": ckpt.wire,
+                "pending": ckpt.pending, "wire": ckpt.wire, "cycle_times": ckpt.cycle_times,
                 "model_state": ckpt.model_state,
                 "layout": [list(x) for x in ckpt.layout], "shards": ckpt.shards, "wall_s": ckpt.wall_s}, buf)
     data = buf.getvalue()
@@ -100,7 +101,7 @@ def read_manifest(store: Store, manifest_name: str) -> Optional[Checkpoint]:
     if state.get("format") != FORMAT:
         return None  # written by another version of mpca
     return Checkpoint(cycle=int(state["cycle"]), algorithm=str(state["algorithm"]), driver_state=state["driver_state"],
-                      pending=state.get("pending"), wire=state.get("wire"),
+                      pending=state.get("pending"), wire=state.get("wire"), cycle_times=state.get("cycle_times"),
                       model_state=state["model_state"],
                       layout=[tuple(x) for x in state["layout"]], shards=int(state["shards"]),
                       wall_s=float(state["wall_s"]), path=store.path(manifest["data"]))

@@ -295,7 +295,9 @@ class ClusterSection(_Strict):
                                               "cycle): an executor cut off from the driver (a link down) holds a "
                                               "task Spark cannot start or hear from until spark.network.timeout, "
                                               "and with it every agent's exchange (None: 2 x cluster.agent_wait_s "
-                                              "+ 4 x the median recent cycle, from the 6th cycle on; 0: never)")
+                                              "+ 4 x the median recent cycle, from the 6th cycle on, a resumed "
+                                              "run's from its first with the checkpoint's cycle times, doubled "
+                                              "for each cycle abandoned in a row; 0: never)")
     service_host: Optional[str] = Field(None, description="address executors reach the driver's parameter service "
                                         "at (default: spark.driver.host)")
     service_port: int = Field(0, ge=0, le=65535, description="port of the parameter service (0: any free port)")

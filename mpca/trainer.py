@@ -194,7 +194,8 @@ class Trainer:
             bound.write(s, v)
         driver_state, pending = run.checkpoint_state()
         return Checkpoint(cycle=cycle, algorithm=self.settings.algorithm.name, driver_state=driver_state,
-                          pending=pending, wire=run.wire_state(), model_state=state, layout=specs, shards=run.layout.num_shards, wall_s=wall)
+                          pending=pending, wire=run.wire_state(), cycle_times=run.cycle_times(),
+                          model_state=state, layout=specs, shards=run.layout.num_shards, wall_s=wall)
 
     # ------------------------------------------------------------------ fit
     def fit(self, df, holdout=None) -> FitResult:
@@ -222,8 +223,8 @@ class Trainer:
         return self.run_prepared(prep, observer, lambda: AgentRun(
             spark, prep.agents_df, model=prep.model, model_fn=self.model_fn, loss_fn=self.loss_fn,
             optimizer_fn=self.optimizer_fn, settings=self.settings, driver_state=ck.driver_state if ck else None,
-            pending=ck.pending if ck else None, wire_state=ck.wire if ck else None, classes=prep.classes,
-            holdout_on_agents=prep.on_agents))
+            pending=ck.pending if ck else None, wire_state=ck.wire if ck else None,
+            cycle_times=ck.cycle_times if ck else None, classes=prep.classes, holdout_on_agents=prep.on_agents))
 
     def prepare(self, df, holdout, called: float) -> "Prepared":
         """Everything before the agents start, on the driver (or a Connect client): the model (restored from a

@@ -180,7 +180,8 @@ def coordinate(job: CoordinatorJob) -> Dict[str, Any]:
         result = trainer.run_prepared(prep, RowsToRunDir(rundir, rundir.row_count()), lambda: AgentRun(
             None, None, model=prep.model, model_fn=job.model_fn, loss_fn=job.loss_fn, optimizer_fn=job.optimizer_fn,
             settings=st, driver_state=ck.driver_state if ck else None, pending=ck.pending if ck else None,
-            wire_state=ck.wire if ck else None, classes=prep.classes, holdout_on_agents=prep.on_agents, side=side))
+            wire_state=ck.wire if ck else None, cycle_times=ck.cycle_times if ck else None, classes=prep.classes,
+            holdout_on_agents=prep.on_agents, side=side))
     except BaseException as e:  # noqa: BLE001 - the client raises it, as fit would have
         user = isinstance(e, UserError)
         line = str(e) if user else f"{type(e).__name__}: {e}"

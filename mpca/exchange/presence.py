@@ -15,7 +15,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set
 from mpca.errors import RunFailedError
 
 SILENT_WAIT_CYCLES, SILENT_WAIT_MIN_S, SILENT_WAIT_MAX_S = 5, 2.0, 10.0
-DEADLINE_WAITS, DEADLINE_CYCLES, DEADLINE_AFTER = 2, 4, 5
+DEADLINE_WAITS, DEADLINE_CYCLES, DEADLINE_AFTER, DEADLINE_BACKOFF_MAX = 2, 4, 5, 6
 
 
 def silent_agent_wait_s(configured: Optional[float], recent_cycles_s: Sequence[float]) -> float:
@@ -64,6 +64,7 @@ class PresenceBook:
         self.not_started: Set[int] = set()  # an elastic run's agents whose task has not had room yet
         self.left: Set[int] = set()  # agents that left the run (decommissioned executors)
         self._durations: collections.deque = collections.deque(maxlen=20)
+        self._abandoned_in_row = 0  # cycles abandoned at the deadline since the last one that ended
         self._short_since: Optional[float] = None  # since when fewer than min_agents are present
 
     # ------------------------------------------------------------------ the bounded wait
@@ -73,10 +74,34 @@ class PresenceBook:
 
     def cycle_took(self, seconds: float) -> None:
         self._durations.append(seconds)
+        self._abandoned_in_row = 0
+
+    def cycle_abandoned(self) -> None:
+        """A cycle ran past its deadline: the next one's derived deadline is twice as long
+        (:meth:`cycle_deadline_s`)."""
+        self._abandoned_in_row += 1
+
+    def recent_cycles_s(self) -> List[float]:
+        """The last 20 cycles' durations, for a checkpoint: a resumed driver's bounded wait and cycle deadline
+        hold from its first cycle (:meth:`resume_cycles`)."""
+        return list(self._durations)
+
+    def resume_cycles(self, seconds: Optional[Sequence[float]]) -> None:
+        """A checkpoint's recent cycle durations, taken as this book's own: without them a resumed driver set no
+        cycle deadline until 5 of its cycles had ended, and its first cycle waited for a cut-off executor's link
+        (109 s in the fault campaign's run 14)."""
+        for s in seconds or ():
+            self._durations.append(float(s))
 
     def cycle_deadline_s(self, configured: Optional[float]) -> Optional[float]:
-        """How long the next cycle's exchange may run (:func:`cycle_deadline_s`, over the last 20 cycles)."""
-        return cycle_deadline_s(configured, self._durations, self.wait_s())
+        """How long the next cycle's exchange may run (:func:`cycle_deadline_s`, over the last 20 cycles); where
+        derived (``configured`` None), doubled for each cycle abandoned in a row, up to 64 ×: an abandoned cycle's
+        time never enters the statistics, so cycles that all run slower than the deadline (a resumed run's
+        cycle times from another cluster, :meth:`resume_cycles`) would otherwise be abandoned for ever."""
+        deadline = cycle_deadline_s(configured, self._durations, self.wait_s())
+        if deadline is None or configured is not None:
+            return deadline
+        return deadline * 2 ** min(self._abandoned_in_row, DEADLINE_BACKOFF_MAX)
 
     # ------------------------------------------------------------------ membership
     def expect_later(self, agents: Iterable[int], now: float) -> None:

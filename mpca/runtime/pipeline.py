@@ -222,7 +222,9 @@ class ExchangePipeline:
         self._staged(rec, self.schedule.overlap)  # concurrent with job c
         result = self._within_deadline(fut, rec)
         rec.t_end = time.time()
-        if not rec.abandoned:  # an abandoned cycle's time says nothing of the exchange's
+        if rec.abandoned:
+            self.roster.cycle_abandoned()
+        else:  # an abandoned cycle's time says nothing of the exchange's
             self.roster.cycle_took(rec.t_end - rec.t_submit)
             if not self.split_tasks and not self.rule.deliver_before_yield:  # corrections included: a layout's cost
                 self.layout.observe(two_jobs if staged is not None else None, rec.t_end - rec.t_submit)

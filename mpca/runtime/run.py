@@ -66,6 +66,7 @@ class AgentRun:
     def __init__(self, spark, train_df, *, model: torch.nn.Module, model_fn, loss_fn, optimizer_fn,
                  settings: Settings, driver_state: Optional[Dict[str, Any]] = None,
                  pending: Optional[Dict[str, Any]] = None, wire_state: Optional[Dict[str, Any]] = None,
+                 cycle_times: Optional[List[float]] = None,
                  classes: Optional[int] = None, holdout_on_agents: bool = False, side=None):
         """``holdout_on_agents``: ``train_df`` holds every row with its hash (:func:`mpca.data.holdout.with_row_hash`),
         the agents set the holdout rows aside and :meth:`holdout_rows` collects them.  ``side``: what drives the
@@ -105,6 +106,7 @@ class AgentRun:
         self.timeline = Timeline(training.timeline_window)  # the last cycles in memory, the rest on disk
         roster = AgentRoster(range(self.agents), settings.cluster.agent_wait_s, training.min_agents,
                              settings.cluster.agent_lost_timeout_s)
+        roster.resume_cycles(cycle_times)  # a resumed driver's cycle deadline holds from its first cycle
         self.pipeline = ExchangePipeline(side.exchange_jobs(self.run_id, secret, roster, self.codec),
                                          side.broadcasts(self.codec), self.rule, algo, self.timeline,
                                          observe=self.service.observe if serves else None,
@@ -266,6 +268,11 @@ class AgentRun:
         if self.service is not None:
             senders["service"] = self.service.feedback
         return senders
+
+    def cycle_times(self) -> List[float]:
+        """The last cycles' durations, for a checkpoint: the resumed driver's cycle deadline and bounded wait hold
+        from its first cycle (:meth:`~mpca.exchange.presence.PresenceBook.resume_cycles`)."""
+        return self.pipeline.roster.recent_cycles_s()
 
     def wire_state(self) -> Optional[Dict[str, Any]]:
         """The driver's error-feedback residuals for a checkpoint (None with fp32: nothing is lost): a resumed

@@ -90,6 +90,17 @@ def test_the_driver_wire_residuals_survive_a_checkpoint(tmp_path):
         assert np.array_equal(again.residual[k], sender.residual[k]) and np.abs(sender.residual[k]).max() > 0
 
 
+def test_a_checkpoint_keeps_the_last_cycles_durations_for_the_resumed_driver_s_deadline(tmp_path):
+    """The recent cycle times go into the checkpoint and come back as they were (None where a checkpoint has
+    none), so a resumed driver's cycle deadline holds from its first cycle."""
+    import dataclasses
+
+    checkpoint.save(str(tmp_path), dataclasses.replace(checkpoint_at(5), cycle_times=[0.3, 0.4, 5.5]))
+    assert checkpoint.latest(str(tmp_path)).cycle_times == [0.3, 0.4, 5.5]
+    checkpoint.save(str(tmp_path), checkpoint_at(6))
+    assert checkpoint.latest(str(tmp_path)).cycle_times is None
+
+
 def test_a_checkpoint_is_due_every_n_cycles_or_once_enough_time_passed_since_the_last():
     """checkpoint.due: the campaign's DDP run restarted its driver every ~70 s and ran ~9 cycles per incarnation
     (slow ones while links were cut), so every_cycles = 20 alone never wrote a checkpoint and every resume started

@@ -133,6 +133,45 @@ def test_the_cycle_deadline_rule_against_hand_computed_values():
     assert roster.wait_s() == 5.0 and roster.cycle_deadline_s(None) == pytest.approx(2 * 5.0 + 4 * 1.0)
 
 
+def test_a_resumed_driver_sets_a_cycle_deadline_from_its_first_cycle_with_the_checkpoint_s_cycle_times():
+    """The fault campaign's run 14: a resumed driver's first cycle, submitted while an agent's link was cut, took
+    109 s, because no deadline holds before 5 cycles of a driver have ended.  A checkpoint keeps the last cycles'
+    durations; the resumed roster takes them as its own, so its first cycle has the deadline (and the bounded
+    wait) of the cycles before the restart."""
+    before = AgentRoster([0, 1])
+    for took in (0.3, 0.4, 0.35, 0.3, 0.5, 0.35):
+        before.cycle_took(took)
+    kept = before.recent_cycles_s()
+    assert kept == [0.3, 0.4, 0.35, 0.3, 0.5, 0.35]
+    assert AgentRoster([0, 1]).cycle_deadline_s(None) is None  # a fresh driver: no bound yet
+    resumed = AgentRoster([0, 1])
+    resumed.resume_cycles(kept)
+    assert resumed.wait_s() == 2.0  # 5 x 0.35 s, within 2-10 s
+    assert resumed.cycle_deadline_s(None) == pytest.approx(2 * 2.0 + 4 * 0.35)
+    nothing = AgentRoster([0, 1])
+    nothing.resume_cycles(None)  # a checkpoint of an older version, or none
+    assert nothing.cycle_deadline_s(None) is None and nothing.wait_s() == 10.0
+
+
+def test_the_derived_cycle_deadline_doubles_for_each_cycle_abandoned_in_a_row():
+    """An abandoned cycle's time never enters the statistics, so cycles that all run slower than the deadline
+    (cycle times resumed from a faster cluster) would be abandoned for ever: the derived deadline doubles for each
+    one abandoned in a row (up to 64 x) and is itself again once a cycle ends.  A set deadline stays as set."""
+    roster = AgentRoster([0, 1])
+    roster.resume_cycles([0.35] * 6)
+    base = 2 * 2.0 + 4 * 0.35
+    assert roster.cycle_deadline_s(None) == pytest.approx(base)
+    roster.cycle_abandoned()
+    assert roster.cycle_deadline_s(None) == pytest.approx(2 * base)
+    roster.cycle_abandoned()
+    assert roster.cycle_deadline_s(None) == pytest.approx(4 * base) and roster.cycle_deadline_s(7.5) == 7.5
+    for _ in range(10):
+        roster.cycle_abandoned()
+    assert roster.cycle_deadline_s(None) == pytest.approx(64 * base)
+    roster.cycle_took(0.35)
+    assert roster.cycle_deadline_s(None) == pytest.approx(base)
+
+
 def test_a_cycle_past_its_deadline_is_cancelled_counts_nobody_and_the_next_cycle_goes_on(monkeypatch):
     """An exchange job held by a task that cannot start (an executor cut off: here a job that blocks until it
     is cancelled) is abandoned at the deadline: its jobs are cancelled, it counts no agent and stages nothing,
@@ -175,7 +214,9 @@ def test_a_cycle_past_its_deadline_is_cancelled_counts_nobody_and_the_next_cycle
     assert time.time() - t0 < 5.0 and cancelled.is_set()
     assert held.abandoned and held.agents == {} and held.missing == [] and held.stage_shard is None
     assert pipe.roster.absent == {} and len(pipe.roster._durations) == 1  # only cycle 0's time
+    assert pipe.roster._abandoned_in_row == 1  # a derived deadline would double for the next cycle
     after = pipe.cycle(2)
+    assert pipe.roster._abandoned_in_row == 0
     assert not first.abandoned and not after.abandoned and sorted(after.agents) == [0, 1]
     assert [r["abandoned"] for r in pipe.timeline.rows()] == [False, True, False]
     pipe.close()
