@@ -800,6 +800,11 @@ def report(out: dict) -> str:
     if skipped:
         lines.append("not injected: " + ", ".join(f"{n} ({why or 'reason not kept'})"
                                                   for why, n in skipped.most_common()))
+    start = replacement_start(out["faults"], out.get("cycle_rows", []))
+    if start:
+        lines.append("kill: a replacement took a median {to_agent_s:.1f} s ({to_agent_min_s:.1f}-{to_agent_max_s:.1f}) "
+                     "from its executor's JVM to its model, then {to_recovery_s:.1f} s to its recovery; the median "
+                     "cycle took {cycle_s:.2f} s".format(**start))
     lines.append(f"{'fault':<12} {'count':>5}  outcome")
     for r in out["outcomes"]:
         lines.append(f"{r['fault']:<12} {r['count']:>5}  {r['outcome'][:90]}")
@@ -817,6 +822,22 @@ def report(out: dict) -> str:
                      f"{r['jvm_threads']}, {r['jvm_fds']} | {r['checkpoint_entries']} | {r['executor_jvms']}, "
                      f"{r['pyspark_workers']}")
     return "\n".join(lines)
+
+
+def replacement_start(faults: Sequence[dict], cycle_rows: Sequence[dict]) -> Optional[Dict[str, float]]:
+    """For the injected kills (a campaign's JSON faults): the medians of the replacement's start — from its
+    executor's JVM to its model built (``agent_up_s - replacement_up_s``), then to the recovery — and of a cycle's
+    duration; None where no kill had both times."""
+    kills = [f for f in faults if f["kind"] == "kill" and f.get("replacement_up_s") is not None
+             and f.get("agent_up_s") is not None]
+    if not kills:
+        return None
+    to_agent = [f["agent_up_s"] - f["replacement_up_s"] for f in kills]
+    to_recovery = [f["recovered_s"] - f["agent_up_s"] for f in kills if f.get("recovered_s") is not None]
+    cycles = [c["t_end"] - c["t_submit"] for c in cycle_rows if c.get("t_end")]
+    return dict(to_agent_s=statistics.median(to_agent), to_agent_min_s=min(to_agent), to_agent_max_s=max(to_agent),
+                to_recovery_s=statistics.median(to_recovery) if to_recovery else math.nan,
+                cycle_s=statistics.median(cycles) if cycles else math.nan)
 
 
 def incarnation_table(samples: Sequence[dict]) -> List[dict]:

@@ -90,8 +90,7 @@ class PresenceBook:
         """A checkpoint's recent cycle durations, taken as this book's own: without them a resumed driver set no
         cycle deadline until 5 of its cycles had ended, and its first cycle waited for a cut-off executor's link
         (109 s in the fault campaign's run 14)."""
-        for s in seconds or ():
-            self._durations.append(float(s))
+        self._durations.extend(float(s) for s in seconds or ())
 
     def cycle_deadline_s(self, configured: Optional[float]) -> Optional[float]:
         """How long the next cycle's exchange may run (:func:`cycle_deadline_s`, over the last 20 cycles); where

@@ -325,3 +325,21 @@ def test_a_fault_whose_agent_has_no_process_hits_the_next_agent_up_and_says_whic
     campaign.inject(none_up)
     assert (none_up.agent, none_up.drawn_agent, none_up.injected_at, none_up.skipped) == \
         (1, None, None, "no agent process")
+
+
+def test_a_replacement_s_start_is_the_median_from_its_executor_to_its_model_then_to_its_recovery():
+    """lab.campaign.replacement_start against hand-computed medians: kills with both times only."""
+    from lab.campaign import replacement_start
+
+    faults = [dict(kind="kill", replacement_up_s=0.1, agent_up_s=9.1, recovered_s=15.1),
+              dict(kind="kill", replacement_up_s=1.0, agent_up_s=6.0, recovered_s=7.0),
+              dict(kind="kill", replacement_up_s=0.5, agent_up_s=20.5, recovered_s=None),
+              dict(kind="kill", replacement_up_s=None, agent_up_s=40.0, recovered_s=50.0),
+              dict(kind="stop", replacement_up_s=0.0, agent_up_s=1.0, recovered_s=2.0)]
+    rows = [dict(t_submit=0.0, t_end=0.3), dict(t_submit=1.0, t_end=1.5), dict(t_submit=2.0, t_end=None)]
+    start = replacement_start(faults, rows)
+    assert start["to_agent_s"] == pytest.approx(9.0) and start["to_agent_min_s"] == pytest.approx(5.0)
+    assert start["to_agent_max_s"] == pytest.approx(20.0)
+    assert start["to_recovery_s"] == pytest.approx(3.5)  # (6.0 + 1.0) / 2
+    assert start["cycle_s"] == pytest.approx(0.4)
+    assert replacement_start([faults[4]], rows) is None
