@@ -800,6 +800,9 @@ def report(out: dict) -> str:
     if skipped:
         lines.append("not injected: " + ", ".join(f"{n} ({why or 'reason not kept'})"
                                                   for why, n in skipped.most_common()))
+    moved = sum(1 for f in out["faults"] if f.get("drawn_agent") is not None and f.get("injected_at") is not None)
+    if moved:
+        lines.append(f"moved to the next agent up (the drawn one had no process): {moved}")
     start = replacement_start(out["faults"], out.get("cycle_rows", []))
     if start:
         lines.append("kill: a replacement took a median {to_agent_s:.1f} s ({to_agent_min_s:.1f}-{to_agent_max_s:.1f}) "
