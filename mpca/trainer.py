@@ -219,12 +219,10 @@ class Trainer:
         prep = self.prepare(df, holdout, called)
         observer = observer_of(self.on_cycle)
         observer.start(self.settings)  # a tracker (mpca.tracking): params before the run
-        ck = prep.checkpoint
         return self.run_prepared(prep, observer, lambda: AgentRun(
             spark, prep.agents_df, model=prep.model, model_fn=self.model_fn, loss_fn=self.loss_fn,
-            optimizer_fn=self.optimizer_fn, settings=self.settings, driver_state=ck.driver_state if ck else None,
-            pending=ck.pending if ck else None, wire_state=ck.wire if ck else None,
-            cycle_times=ck.cycle_times if ck else None, classes=prep.classes, holdout_on_agents=prep.on_agents))
+            optimizer_fn=self.optimizer_fn, settings=self.settings, resume_from=prep.checkpoint,
+            classes=prep.classes, holdout_on_agents=prep.on_agents))
 
     def prepare(self, df, holdout, called: float) -> "Prepared":
         """Everything before the agents start, on the driver (or a Connect client): the model (restored from a

@@ -169,7 +169,6 @@ def coordinate(job: CoordinatorJob) -> Dict[str, Any]:
     trainer = Trainer(job.model_fn, job.loss_fn, job.optimizer_fn, st)
     if attempt > 0:
         prep = _resumed(trainer, prep, attempt)
-    ck = prep.checkpoint
     side = RelaySide(rundir, st, job.run_id, job.secret, job.max_payload,
                      st.cluster.service_host or reachable_host(), attempt)
     handlers = _notes_handlers(rundir)
@@ -179,9 +178,8 @@ def coordinate(job: CoordinatorJob) -> Dict[str, Any]:
     try:
         result = trainer.run_prepared(prep, RowsToRunDir(rundir, rundir.row_count()), lambda: AgentRun(
             None, None, model=prep.model, model_fn=job.model_fn, loss_fn=job.loss_fn, optimizer_fn=job.optimizer_fn,
-            settings=st, driver_state=ck.driver_state if ck else None, pending=ck.pending if ck else None,
-            wire_state=ck.wire if ck else None, cycle_times=ck.cycle_times if ck else None, classes=prep.classes,
-            holdout_on_agents=prep.on_agents, side=side))
+            settings=st, resume_from=prep.checkpoint, classes=prep.classes, holdout_on_agents=prep.on_agents,
+            side=side))
     except BaseException as e:  # noqa: BLE001 - the client raises it, as fit would have
         user = isinstance(e, UserError)
         line = str(e) if user else f"{type(e).__name__}: {e}"

@@ -15,6 +15,7 @@ import torch
 
 from mpca.algorithm import DriverRule
 from mpca.algorithm.wire import Codec, ErrorFeedback
+from mpca.checkpoint import Checkpoint
 from mpca.config import Settings
 from mpca.data.checks import label_skew
 from mpca.data.split import holdout_cut
@@ -64,15 +65,16 @@ class AgentRun:
     job has ended (cancelled if it would not end by itself) and the parameter service is closed."""
 
     def __init__(self, spark, train_df, *, model: torch.nn.Module, model_fn, loss_fn, optimizer_fn,
-                 settings: Settings, driver_state: Optional[Dict[str, Any]] = None,
-                 pending: Optional[Dict[str, Any]] = None, wire_state: Optional[Dict[str, Any]] = None,
-                 cycle_times: Optional[List[float]] = None,
+                 settings: Settings, resume_from: Optional[Checkpoint] = None,
                  classes: Optional[int] = None, holdout_on_agents: bool = False, side=None):
-        """``holdout_on_agents``: ``train_df`` holds every row with its hash (:func:`mpca.data.holdout.with_row_hash`),
-        the agents set the holdout rows aside and :meth:`holdout_rows` collects them.  ``side``: what drives the
-        agents (default: this classic session's driver, :class:`~mpca.runtime.spark_side.SparkSide`; a Spark
-        Connect run's coordinator passes its :class:`~mpca.runtime.relay.RelaySide`, whose agents the client
-        started, and ``spark`` and ``train_df`` are None)."""
+        """``resume_from``: the checkpoint a resumed run goes on from (its driver rule's state, the reduction it had
+        received but not staged, its wire residuals, its last cycles' durations); ``model`` already holds its joint
+        model.  ``holdout_on_agents``: ``train_df`` holds every row with its hash
+        (:func:`mpca.data.holdout.with_row_hash`), the agents set the holdout rows aside and :meth:`holdout_rows`
+        collects them.  ``side``: what drives the agents (default: this classic session's driver,
+        :class:`~mpca.runtime.spark_side.SparkSide`; a Spark Connect run's coordinator passes its
+        :class:`~mpca.runtime.relay.RelaySide`, whose agents the client started, and ``spark`` and ``train_df``
+        are None)."""
         self.side = side = side if side is not None else SparkSide(spark, settings)
         self.settings = settings
         algo, training = settings.algorithm, settings.training
@@ -80,8 +82,8 @@ class AgentRun:
         self.layout = algo.shard_layout(model)
         self.bound = self.layout.bind_module(model, algo.buffers)
         self.rule = algo.driver_rule([self.bound.read(s) for s in range(self.layout.num_shards)], self.agents)
-        if driver_state is not None:
-            self.rule.load_state_dict(driver_state)
+        if resume_from is not None:
+            self.rule.load_state_dict(resume_from.driver_state)
         self.run_id, secret = side.identity()
         max_payload = payload_limit(self.layout, self.rule)
         host = side.host()
@@ -106,15 +108,16 @@ class AgentRun:
         self.timeline = Timeline(training.timeline_window)  # the last cycles in memory, the rest on disk
         roster = AgentRoster(range(self.agents), settings.cluster.agent_wait_s, training.min_agents,
                              settings.cluster.agent_lost_timeout_s)
-        roster.resume_cycles(cycle_times)  # a resumed driver's cycle deadline holds from its first cycle
+        # a resumed driver's cycle deadline holds from its first cycle
+        roster.resume_cycles(resume_from.cycle_times if resume_from else None)
         self.pipeline = ExchangePipeline(side.exchange_jobs(self.run_id, secret, roster, self.codec),
                                          side.broadcasts(self.codec), self.rule, algo, self.timeline,
                                          observe=self.service.observe if serves else None,
                                          silent=self.service.silent if serves else None,
                                          split_tasks=side.split_tasks(), exchange_jobs=settings.cluster.exchange_jobs,
                                          cycle_deadline_s=settings.cluster.cycle_deadline_s)
-        self.pipeline.restore_pending(pending)
-        self._restore_wire(wire_state)
+        self.pipeline.restore_pending(resume_from.pending if resume_from else None)
+        self._restore_wire(resume_from.wire if resume_from else None)
         self._train_df = train_df
         self.stopped: Dict[int, AgentReport] = {}
         self.agent_info: Dict[int, AgentReport] = {}
