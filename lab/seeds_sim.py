@@ -90,19 +90,19 @@ def hermans(args) -> List[Dict]:
                "last_loss": h[-1].holdout_loss, "last_error": h[-1].holdout_error, "centre_norm": norm,
                "mean_staleness": mean_metric(h, "mean_staleness", "commits"), "steps": out["steps"],
                "wall_s": out["wall_s"]}
+        row["outcome"] = (f"diverged: NaN at {row['stopped_at_s']:.1f} s" if row["failed"] else
+                          "diverged (ends worse than untrained)" if not math.isfinite(row["last_loss"]) or
+                          row["last_loss"] > row["start_loss"] else "holds (trains)")
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     print(f"| variant | workers, λ | holdout loss: start → best → last | last error | ‖centre‖ | mean staleness τ | "
           "outcome |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        outcome = (f"diverged: NaN at {r['stopped_at_s']:.1f} s" if r["failed"] else
-                   "diverged (ends worse than untrained)" if not math.isfinite(r["last_loss"]) or
-                   r["last_loss"] > r["start_loss"] else "holds (trains)")
         best = "—" if r["min_loss"] is None else f"{r['min_loss']:.3g}"
         tau = "—" if r["mean_staleness"] is None else f"{r['mean_staleness']:.1f}"
         print(f"| {r['variant']} | {r['workers']}, {r['every']} | {r['start_loss']:.3g} → {best} → {r['last_loss']:.3g} | "
-              f"{r['last_error']:.3f} | {r['centre_norm']:.3g} | {tau} | {outcome} |")
+              f"{r['last_error']:.3f} | {r['centre_norm']:.3g} | {tau} | {r['outcome']} |")
     return rows
 
 

@@ -41,7 +41,10 @@ A cell is text, a *figure*, or a list of them (joined without separators).  A fi
   ``reported:<key>`` (a figure ``bench compare`` reports once per series, e.g. ``bytes``, ``cycles``,
   ``duty_cycle``: ``n`` = 1, no spread; ``"scale"`` multiplies it, e.g. 1e-6 for MB), or
   ``sim_time_to:<target>`` (``"from"`` an ``mpca simulate --json`` file, no ``series``: its virtual time to the
-  target, one seed, ``n`` = 1), or ``campaign:<figure>`` (``"from"`` a ``python -m lab.campaign --json`` file, no
+  target, one seed, ``n`` = 1), or ``sim:<figure>`` (the same file: ``steps``, ``virtual_s``, ``wall_s``,
+  ``bytes_on_driver_port``, ``final_error``, ``mean_cycle_s``, ``cycle_count``, ``missed_cycles:<agent>`` or
+  ``joined_at:<agent>``; ``"scale"`` as above), or ``row:<i>:<field>`` (``"from"`` a lab script's ``--json`` file
+  of ``"rows"``, e.g. ``python -m lab.seeds_sim``: that field of row ``i``), or ``campaign:<figure>`` (``"from"`` a ``python -m lab.campaign --json`` file, no
   ``series``, ``n`` = 1; ``"scale"`` as above): ``injected``, ``recovered`` or ``scheduled`` (every kind, or
   ``…:<kind>``), ``median_s:<kind>``, ``max_s:<kind>``, ``median_after_s:<kind>``,
   ``median_cycles_after_up:<kind>``, ``median_cycles_after_agent_up:<kind>`` (the campaign's summary), ``final_error``, ``reference_final_error``,
@@ -58,6 +61,9 @@ A cell is text, a *figure*, or a list of them (joined without separators).  A fi
 
     {"transcribed": "2026-11-28-rivals.md, session D", "median": 16.1, "min": 16.1, "max": 16.1, "n": 1,
      "format": "{median:.1f}"}
+
+  where the page printed a median without its spread and the data was not kept, ``min`` and ``max`` are null
+  (and ``n`` the repeats the page names, or null); a file of such figures says in ``notes`` what was lost;
 
 The module imports nothing of MkDocs (``tests/unit/test_docs.py`` imports it by path, as it does reference.py).
 """
@@ -144,18 +150,39 @@ def scaling_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
     return _finite(rows[0]["time_s"])
 
 
+def sim_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
+    """One figure of an ``mpca simulate --json`` file (see ``sim:`` above)."""
+    what, *args = figure.split(":")
+    if what == "missed_cycles":
+        return doc["missed_cycles"].get(args[0], 0)
+    if what == "joined_at":
+        return next((t for a, t in doc["joins"] if a == int(args[0])), None)
+    if what not in SIM_FIGURES:
+        raise ValueError(f"unknown simulation figure {figure!r}")
+    return _finite(doc[what])
+
+
+SIM_FIGURES = ("steps", "virtual_s", "wall_s", "bytes_on_driver_port", "final_error", "mean_cycle_s", "cycle_count")
+ONE_FIGURE = ("sim_time_to:", "sim:", "campaign:", "scaling:", "row:")  # metrics of one figure, from no series
+
+
 def derive(figure: Dict[str, Any]) -> Dict[str, Any]:
     """The derived fields (values, n, median, min, max) of a measured figure, from its ``compare.json``."""
     metric = figure["metric"]
-    if metric.startswith(("sim_time_to:", "campaign:", "scaling:")):  # a simulation's or a campaign's: one figure
-        source = _source(figure["from"])
+    if metric.startswith(ONE_FIGURE):  # a simulation's, a campaign's or a lab script's row: one figure
+        source, what = _source(figure["from"]), metric.split(":", 1)[1]
         if metric.startswith("campaign:"):
-            value = campaign_figure(source, metric.split(":", 1)[1])
-            value = value * figure.get("scale", 1) if value is not None else None
+            value = campaign_figure(source, what)
         elif metric.startswith("scaling:"):
-            value = scaling_figure(source, metric.split(":", 1)[1])
+            value = scaling_figure(source, what)
+        elif metric.startswith("sim:"):
+            value = sim_figure(source, what)
+        elif metric.startswith("row:"):
+            index, field = what.split(":", 1)
+            value = _finite(source["rows"][int(index)][field])
         else:
-            value = source["time_to_target"].get(metric.split(":", 1)[1])
+            value = source["time_to_target"].get(what)
+        value = value * figure.get("scale", 1) if value is not None else None
         return {"values": [value], "n": 1, "median": value, "min": value, "max": value}
     if metric.startswith("connect:"):  # lab.connect_overhead: one value per repeat of each mode
         _, mode, field = metric.split(":")
@@ -273,7 +300,7 @@ def _figure_problems(f: Dict[str, Any]) -> List[str]:
     out = [f"missing {k!r}" for k in ("n", "median", "min", "max") if k not in f]
     if "from" in f:
         out += [f"missing {k!r}" for k in ("metric",) if k not in f]
-        if "series" not in f and not str(f.get("metric")).startswith(("sim_time_to:", "campaign:", "connect:", "scaling:")):
+        if "series" not in f and not str(f.get("metric")).startswith(ONE_FIGURE + ("connect:",)):
             out.append("missing 'series'")
         if "values" in f and f.get("n") != len(f["values"]):
             out.append("n is not the number of values")
@@ -282,6 +309,8 @@ def _figure_problems(f: Dict[str, Any]) -> List[str]:
     if f["median"] is None:
         if "format" in f and "missing" not in f:
             out.append("a null median needs 'missing' (the text shown instead)")
+    elif "transcribed" in f and f["min"] is None and f["max"] is None:
+        pass  # a figure read off a page that printed no spread (and whose data was not kept)
     elif f["min"] is None or f["max"] is None or not f["min"] <= f["median"] <= f["max"]:
         out.append(f"median {f['median']!r} not within its spread {f['min']!r}–{f['max']!r}")
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 @dataclass
@@ -64,11 +64,30 @@ class SimResult:
     def final_error(self) -> float:
         return self.history[-1].holdout_error if self.history else math.nan
 
+    @property
+    def mean_cycle_s(self) -> float:
+        """The mean duration of the cycles that took time (NaN for the service algorithms, which run none)."""
+        done = [c for c in self.cycles if c.end > c.start]
+        return sum(c.end - c.start for c in done) / len(done) if done else math.nan
+
+    @property
+    def missed_cycles(self) -> Dict[int, int]:
+        """Per agent that was away (mpca.sim.presence), the cycles its contribution missed."""
+        missed: Dict[int, int] = {}
+        for c in self.cycles:
+            for a in c.missing:
+                missed[a] = missed.get(a, 0) + 1
+        return dict(sorted(missed.items()))
+
+    @property
+    def joins(self) -> List[Tuple[int, float]]:
+        """(agent, virtual second) of every replacement handed the joint model, at its cycle's end."""
+        return [(a, c.end) for c in self.cycles for a in c.joined]
+
     def table(self) -> str:
         head = " | ".join(["algorithm", "K", "wire"] + [f"t({t:g}) s" for t in self.targets] +
                           ["final error", "steps", "cycles", "mean cycle s", "driver port MB", "virtual s", "wall s"])
-        done = [c for c in self.cycles if c.end > c.start]
-        mean_cycle = sum(c.end - c.start for c in done) / len(done) if done else math.nan
+        mean_cycle = self.mean_cycle_s
         cells = [self.algorithm, str(self.agents), self.wire] + \
             [("—" if v is None else f"{v:.1f}") for v in self.time_to_target.values()] + \
             [f"{self.final_error:.4f}", str(self.steps), str(len(self.cycles)),
@@ -78,11 +97,7 @@ class SimResult:
 
     def presence_line(self) -> str:
         """Agents that were away (mpca.sim.presence): per agent the cycles its contribution missed, then joins."""
-        missed: Dict[int, int] = {}
-        for c in self.cycles:
-            for a in c.missing:
-                missed[a] = missed.get(a, 0) + 1
-        joins = [(a, c.end) for c in self.cycles for a in c.joined]
+        missed, joins = self.missed_cycles, self.joins
         if not missed and not joins:
             return ""
         parts = [f"agent {a} missing from {n} cycle(s)" for a, n in sorted(missed.items())]
@@ -91,7 +106,9 @@ class SimResult:
 
     def to_dict(self) -> Dict[str, Any]:
         out = asdict(self)
-        out["bytes_on_driver_port"] = self.bytes_on_driver_port
+        out.update(bytes_on_driver_port=self.bytes_on_driver_port, final_error=self.final_error,
+                   mean_cycle_s=self.mean_cycle_s, cycle_count=len(self.cycles),
+                   missed_cycles={str(a): n for a, n in self.missed_cycles.items()}, joins=self.joins)
         return out
 
     def to_json(self) -> str:

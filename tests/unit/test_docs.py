@@ -289,3 +289,39 @@ def test_a_connect_figure_is_the_spread_of_its_repeats():
     assert classic == {"values": [3.0, 1.0, 2.5], "n": 3, "median": 2.5, "min": 1.0, "max": 3.0}
     connect = results.derive({"from": "overhead.json", "metric": "connect:connect:to_target_s"})
     assert connect == {"values": [4.0, None, 1.5], "n": 3, "median": None, "min": 1.5, "max": 4.0}
+
+
+def test_a_simulation_figure_and_a_lab_row_figure_read_their_json():
+    """sim:<figure> against a hand-written ``mpca simulate --json`` file (mpca.sim.result's fields; an agent never
+    away missed no cycle and has no join) and row:<i>:<field> against a lab script's rows; "scale" multiplies."""
+    results = _results()
+    results._SOURCES["sim.json"] = {"steps": 268, "virtual_s": 20.0, "wall_s": 0.6, "bytes_on_driver_port": 15202032,
+                                    "final_error": 0.326, "mean_cycle_s": float("nan"), "cycle_count": 77,
+                                    "missed_cycles": {"1": 10}, "joins": [[1, 20.3], [1, 31.0]]}
+    results._SOURCES["rows.json"] = {"rows": [{"n": 1, "mean_staleness": 0.96}, {"n": 2, "mean_staleness": 1.93}]}
+
+    def one(source, metric, **extra):
+        return results.derive({"from": source, "metric": metric, **extra})["median"]
+
+    assert (one("sim.json", "sim:steps"), one("sim.json", "sim:cycle_count"), one("sim.json", "sim:mean_cycle_s")) == \
+        (268, 77, None)
+    assert one("sim.json", "sim:bytes_on_driver_port", scale=1e-6) == pytest.approx(15.202032)
+    assert (one("sim.json", "sim:missed_cycles:1"), one("sim.json", "sim:missed_cycles:2")) == (10, 0)
+    assert (one("sim.json", "sim:joined_at:1"), one("sim.json", "sim:joined_at:2")) == (20.3, None)
+    assert one("rows.json", "row:1:mean_staleness") == 1.93
+    with pytest.raises(ValueError):
+        one("sim.json", "sim:no_such_figure")
+    figure = {"from": "sim.json", "metric": "sim:steps", "n": 1, "median": 268, "min": 268, "max": 268}
+    columns = [c["key"] for c in results.load("rivals-k4")["columns"]]
+    assert results.problems({**results.load("rivals-k4"), "rows": [{k: figure for k in columns}]}, "rivals-k4") == []
+
+
+def test_a_transcribed_figure_may_lack_its_spread_and_a_measured_one_may_not():
+    results = _results()
+    columns = [c["key"] for c in results.load("rivals-k4")["columns"]]
+    doc = results.load("rivals-k4")
+    read = {"transcribed": "a page", "median": 12.7, "min": None, "max": None, "n": None, "format": "{median:.1f}"}
+    assert results.problems({**doc, "rows": [{k: read for k in columns}]}, "rivals-k4") == []
+    measured = {"from": "x.json", "metric": "sim:steps", "median": 12.7, "min": None, "max": None, "n": 1, "values": [1]}
+    assert any("not within its spread" in p for p in
+               results.problems({**doc, "rows": [{k: measured for k in columns}]}, "rivals-k4"))
