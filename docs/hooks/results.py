@@ -53,10 +53,14 @@ A cell is text, a *figure*, or a list of them (joined without separators).  A fi
   ``python -m lab.connect_overhead --json`` file, no ``series``: ``field`` of every repeat of ``mode``, ``classic``
   or ``connect``, e.g. ``to_target_s``, ``to_first_exchange_s``, ``cycles_per_s``), or
   ``scaling:<link>:<algorithm>:<K>`` (``"from"`` a ``python -m lab.scaling`` file, no ``series``, ``n`` = 1: that
-  cell's simulated time to the file's target error at that link; null where it was not reached).  ``format`` is a Python
+  cell's simulated time to the file's target error at that link; null where it was not reached), or
+  ``plan:<figure>`` (``"from"`` an ``mpca plan --json`` file, no ``series``, ``n`` = 1): ``time:<algorithm>:<K>``
+  (that cell's predicted time to the target), ``proxy_time:<algorithm>:<K>`` (the proxy's time before the
+  noise-scale correction), ``noise_scale`` (the job's B) or ``proxy_noise_scale`` (the proxy's).  ``format`` is a Python
   format string over ``median``, ``min``, ``max``, ``n``, ``reached`` (the repeats that reached the target);
   ``missing`` (formatted the same way) is shown when the median is null;
-* a ratio of two measured medians: ``{"ratio": [<figure>, <figure>], "value": 0.81, "format": "{value:.2f}"}``;
+* a ratio of two measured medians: ``{"ratio": [<figure>, <figure>], "value": 0.81, "format": "{value:.2f}"}``
+  (an operand may itself be a ratio: a speed-up predicted over a speed-up measured);
 * transcribed (``"transcribed"``: where on which page the figure was read; the numbers as printed there)::
 
     {"transcribed": "2026-11-28-rivals.md, session D", "median": 16.1, "min": 16.1, "max": 16.1, "n": 1,
@@ -150,6 +154,23 @@ def scaling_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
     return _finite(rows[0]["time_s"])
 
 
+def plan_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
+    """One figure of an ``mpca plan --json`` file (see ``plan:`` above)."""
+    what, *args = figure.split(":")
+    if what == "time":
+        rows = [r for r in doc["rows"] if [r["algorithm"], str(r["agents"])] == args]
+        if len(rows) != 1:
+            raise ValueError(f"plan figure {figure!r}: {len(rows)} cells, expected one")
+        return _finite(rows[0]["time_s"])
+    if what == "proxy_time":
+        return _finite(doc["proxy_times"].get(f"{args[0]}@{args[1]}"))
+    if what == "noise_scale":
+        return _finite(doc["config"]["noise_scale"])
+    if what == "proxy_noise_scale":
+        return _finite(doc["proxy_noise"]["b_simple"])
+    raise ValueError(f"unknown plan figure {figure!r}")
+
+
 def sim_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
     """One figure of an ``mpca simulate --json`` file (see ``sim:`` above)."""
     what, *args = figure.split(":")
@@ -163,7 +184,7 @@ def sim_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
 
 
 SIM_FIGURES = ("steps", "virtual_s", "wall_s", "bytes_on_driver_port", "final_error", "mean_cycle_s", "cycle_count")
-ONE_FIGURE = ("sim_time_to:", "sim:", "campaign:", "scaling:", "row:")  # metrics of one figure, from no series
+ONE_FIGURE = ("sim_time_to:", "sim:", "campaign:", "scaling:", "row:", "plan:")  # metrics of one figure, from no series
 
 
 def derive(figure: Dict[str, Any]) -> Dict[str, Any]:
@@ -177,6 +198,8 @@ def derive(figure: Dict[str, Any]) -> Dict[str, Any]:
             value = scaling_figure(source, what)
         elif metric.startswith("sim:"):
             value = sim_figure(source, what)
+        elif metric.startswith("plan:"):
+            value = plan_figure(source, what)
         elif metric.startswith("row:"):
             index, field = what.split(":", 1)
             value = _finite(source["rows"][int(index)][field])
@@ -212,12 +235,19 @@ def _spread(values: List[Optional[float]]) -> Dict[str, Any]:
 
 
 def _figures(cell: Any):
-    """Every figure of a cell (ratios' operands included), outermost first."""
+    """Every figure of a cell (ratios' operands included, at any depth), outermost first."""
     for part in (cell if isinstance(cell, list) else [cell]):
         if isinstance(part, dict):
             yield part
-            for inner in part.get("ratio", []):
-                yield inner
+            yield from _figures(part.get("ratio", []))
+
+
+def _value(figure: Dict[str, Any]) -> Optional[float]:
+    """A figure's median from its data, or a ratio's value from its operands'."""
+    if "ratio" in figure:
+        a, b = (_value(f) for f in figure["ratio"])
+        return a / b if a is not None and b else None
+    return derive(figure)["median"]
 
 
 def refresh(doc: Dict[str, Any]) -> Dict[str, Any]:
@@ -230,8 +260,7 @@ def refresh(doc: Dict[str, Any]) -> Dict[str, Any]:
                     figure.update(derive(figure))
             for figure in _figures(cell):
                 if "ratio" in figure:
-                    a, b = (derive(f)["median"] for f in figure["ratio"])
-                    figure["value"] = a / b if a is not None and b else None
+                    figure["value"] = _value(figure)
     return doc
 
 

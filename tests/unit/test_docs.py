@@ -325,3 +325,33 @@ def test_a_transcribed_figure_may_lack_its_spread_and_a_measured_one_may_not():
     measured = {"from": "x.json", "metric": "sim:steps", "median": 12.7, "min": None, "max": None, "n": 1, "values": [1]}
     assert any("not within its spread" in p for p in
                results.problems({**doc, "rows": [{k: measured for k in columns}]}, "rivals-k4"))
+
+
+def test_a_plan_figure_reads_a_cell_the_proxys_time_or_a_noise_scale():
+    """plan:<figure> (docs/hooks/results.py) against a hand-written ``mpca plan --json`` file: a cell's predicted
+    time (null where it was not reached), the proxy's uncorrected time and the two noise scales; a cell that is
+    missing is an error. A ratio's operand may be a ratio: 84/21 predicted over 92/23 measured is exactly 1."""
+    results = _results()
+    doc = {"rows": [{"algorithm": "single", "agents": 1, "time_s": 84.0},
+                    {"algorithm": "mpca", "agents": 2, "time_s": 21.0},
+                    {"algorithm": "mpca", "agents": 4, "time_s": None}],
+           "proxy_times": {"single@1": 80.0, "mpca@2": 40.0}, "config": {"noise_scale": 186.3},
+           "proxy_noise": {"b_simple": 658.7}}
+    f = results.plan_figure
+    assert (f(doc, "time:single:1"), f(doc, "time:mpca:2"), f(doc, "time:mpca:4")) == (84.0, 21.0, None)
+    assert (f(doc, "proxy_time:mpca:2"), f(doc, "noise_scale"), f(doc, "proxy_noise_scale")) == (40.0, 186.3, 658.7)
+    for bad in ("time:mpca:8", "no_such_figure"):
+        with pytest.raises(ValueError):
+            f(doc, bad)
+    results._SOURCES["plan.json"] = doc
+    results._SOURCES["measured.json"] = {"algorithms": {
+        "single": {"runs": [{"time_to": {"0.26": t}} for t in (90.0, 92.0, 95.0)]},
+        "mpca": {"runs": [{"time_to": {"0.26": t}} for t in (23.0, 22.0, 30.0)]}}}
+
+    def ratio(a, b):
+        return {"ratio": [a, b], "value": None, "format": "{value:.2f}"}
+    predicted = ratio({"from": "plan.json", "metric": "plan:time:single:1"}, {"from": "plan.json", "metric": "plan:time:mpca:2"})
+    measured = ratio(*({"from": "measured.json", "series": s, "metric": "time_to:0.26"} for s in ("single", "mpca")))
+    cell = results.refresh({"rows": [{"k": ratio(predicted, measured)}]})["rows"][0]["k"]
+    assert cell["value"] == pytest.approx((84 / 21) / (92 / 23))
+    assert cell["ratio"][0]["value"] == pytest.approx(4.0) and cell["ratio"][1]["value"] == pytest.approx(4.0)
