@@ -49,14 +49,18 @@ A cell is text, a *figure*, or a list of them (joined without separators).  A fi
   ``…:<kind>``), ``median_s:<kind>``, ``max_s:<kind>``, ``median_after_s:<kind>``,
   ``median_cycles_after_up:<kind>``, ``median_cycles_after_agent_up:<kind>`` (the campaign's summary), ``final_error``, ``reference_final_error``,
   ``restarts`` (driver incarnations − 1), ``peak:<process>:<figure>`` and ``q4_over_q2:<process>:<figure>`` (its
-  resource table: the last quarter's median over the second's), or ``connect:<mode>:<field>`` (``"from"`` a
+  resource table: the last quarter's median over the second's), ``at:<t>:<process>:<figure>`` (its first resource
+  sample at or after ``t`` s: ``driver`` or ``driver_jvm`` with ``rss_mb``, ``fds`` or ``threads``, or
+  ``checkpoint:entries``), or ``connect:<mode>:<field>`` (``"from"`` a
   ``python -m lab.connect_overhead --json`` file, no ``series``: ``field`` of every repeat of ``mode``, ``classic``
   or ``connect``, e.g. ``to_target_s``, ``to_first_exchange_s``, ``cycles_per_s``), or
   ``scaling:<link>:<algorithm>:<K>`` (``"from"`` a ``python -m lab.scaling`` file, no ``series``, ``n`` = 1: that
   cell's simulated time to the file's target error at that link; null where it was not reached), or
   ``plan:<figure>`` (``"from"`` an ``mpca plan --json`` file, no ``series``, ``n`` = 1): ``time:<algorithm>:<K>``
   (that cell's predicted time to the target), ``proxy_time:<algorithm>:<K>`` (the proxy's time before the
-  noise-scale correction), ``noise_scale`` (the job's B) or ``proxy_noise_scale`` (the proxy's).  ``format`` is a Python
+  noise-scale correction), ``noise_scale`` (the job's B) or ``proxy_noise_scale`` (the proxy's), or
+  ``history:<final|min>:<column>`` (``"from"`` a run's ``*.history.csv``, as ``bench compare`` keeps them, no
+  ``series``, ``n`` = 1: the column's last or smallest value, e.g. ``holdout_error``; ``"scale"`` as above).  ``format`` is a Python
   format string over ``median``, ``min``, ``max``, ``n``, ``reached`` (the repeats that reached the target);
   ``missing`` (formatted the same way) is shown when the median is null;
 * a ratio of two measured medians: ``{"ratio": [<figure>, <figure>], "value": 0.81, "format": "{value:.2f}"}``
@@ -73,6 +77,8 @@ The module imports nothing of MkDocs (``tests/unit/test_docs.py`` imports it by 
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import pathlib
@@ -109,10 +115,23 @@ def markers(markdown: str) -> List[str]:
 _SOURCES: Dict[str, Any] = {}
 
 
-def _source(path: str) -> Dict[str, Any]:
+def _source(path: str) -> Any:
+    """A data file beside the pages: JSON, or a CSV (a run's history) as a list of rows."""
     if path not in _SOURCES:
-        _SOURCES[path] = json.loads((RESULTS / path).read_text(encoding="utf-8"))
+        text = (RESULTS / path).read_text(encoding="utf-8")
+        _SOURCES[path] = list(csv.DictReader(io.StringIO(text))) if path.endswith(".csv") else json.loads(text)
     return _SOURCES[path]
+
+
+def history_figure(rows: List[Dict[str, str]], figure: str) -> Optional[float]:
+    """One figure of a run's history CSV (see ``history:`` above); empty cells are skipped."""
+    what, column = figure.split(":")
+    values = [float(r[column]) for r in rows if r.get(column) not in (None, "")]
+    if what not in ("final", "min"):
+        raise ValueError(f"unknown history figure {figure!r}")
+    if not values:
+        return None
+    return _finite(values[-1] if what == "final" else min(values))
 
 
 def _median(values: List[Optional[float]]) -> Optional[float]:
@@ -134,6 +153,12 @@ def campaign_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
         return sum(r[what] for r in doc.get("summary", []) if not args or r["kind"] == args[0])
     if what in ("median_s", "max_s", "median_after_s", "median_cycles_after_up", "median_cycles_after_agent_up"):
         return next((_finite(r.get(what)) for r in doc.get("summary", []) if r["kind"] == args[0]), None)
+    if what == "at":
+        t, process, name = args
+        sample = next((s for s in doc["samples"] if s["t"] >= float(t)), None)
+        if sample is None:
+            return None
+        return sample["checkpoint_entries"] if process == "checkpoint" else _finite((sample[process] or {}).get(name))
     if what in ("peak", "q4_over_q2"):
         row = next((r for r in doc.get("resources", []) if [r["process"], r["figure"]] == args), None)
         if row is None:
@@ -184,7 +209,7 @@ def sim_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
 
 
 SIM_FIGURES = ("steps", "virtual_s", "wall_s", "bytes_on_driver_port", "final_error", "mean_cycle_s", "cycle_count")
-ONE_FIGURE = ("sim_time_to:", "sim:", "campaign:", "scaling:", "row:", "plan:")  # metrics of one figure, from no series
+ONE_FIGURE = ("sim_time_to:", "sim:", "campaign:", "scaling:", "row:", "plan:", "history:")  # metrics of one figure, from no series
 
 
 def derive(figure: Dict[str, Any]) -> Dict[str, Any]:
@@ -200,6 +225,8 @@ def derive(figure: Dict[str, Any]) -> Dict[str, Any]:
             value = sim_figure(source, what)
         elif metric.startswith("plan:"):
             value = plan_figure(source, what)
+        elif metric.startswith("history:"):
+            value = history_figure(source, what)
         elif metric.startswith("row:"):
             index, field = what.split(":", 1)
             value = _finite(source["rows"][int(index)][field])

@@ -355,3 +355,32 @@ def test_a_plan_figure_reads_a_cell_the_proxys_time_or_a_noise_scale():
     cell = results.refresh({"rows": [{"k": ratio(predicted, measured)}]})["rows"][0]["k"]
     assert cell["value"] == pytest.approx((84 / 21) / (92 / 23))
     assert cell["ratio"][0]["value"] == pytest.approx(4.0) and cell["ratio"][1]["value"] == pytest.approx(4.0)
+
+
+def test_a_campaign_figure_at_a_time_is_its_first_resource_sample_from_then():
+    """campaign:at:<t>:<process>:<figure> against hand-written samples: the first sample at or after t; an agent's
+    process that was not up then is null; a time past the last sample is null."""
+    results = _results()
+    doc = {"samples": [{"t": 2.0, "driver": {"rss_mb": 394.0}, "checkpoint_entries": 0, "agent0": None},
+                       {"t": 10.1, "driver": {"rss_mb": 497.0}, "checkpoint_entries": 2, "agent0": None},
+                       {"t": 12.1, "driver": {"rss_mb": 498.0}, "checkpoint_entries": 4, "agent0": {"rss_mb": 300.0}}]}
+    f = results.campaign_figure
+    assert (f(doc, "at:10:driver:rss_mb"), f(doc, "at:2:driver:rss_mb"), f(doc, "at:10.2:checkpoint:entries")) == \
+        (497.0, 394.0, 4)
+    assert (f(doc, "at:10:agent0:rss_mb"), f(doc, "at:12:agent0:rss_mb"), f(doc, "at:13:driver:rss_mb")) == \
+        (None, 300.0, None)
+
+
+def test_a_history_figure_is_a_columns_last_or_smallest_value():
+    """history:<final|min>:<column> against a hand-written history CSV: empty cells are skipped; an unknown
+    figure is an error; the CSV is read as rows."""
+    results = _results()
+    rows = [{"wall_s": "0.0", "holdout_error": "0.92"}, {"wall_s": "5.7", "holdout_error": "0.19"},
+            {"wall_s": "9.0", "holdout_error": ""}, {"wall_s": "11.2", "holdout_error": "0.617"}]
+    f = results.history_figure
+    assert (f(rows, "final:holdout_error"), f(rows, "min:holdout_error")) == (0.617, 0.19)
+    with pytest.raises(ValueError):
+        f(rows, "median:holdout_error")
+    source = "2026-11-28-workloads/resnet20-k4-first/mpca-r0.history.csv"
+    assert results.derive({"from": source, "metric": "history:final:holdout_error", "scale": 100})["median"] == \
+        pytest.approx(61.67664670658682)
