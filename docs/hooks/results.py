@@ -57,7 +57,8 @@ A cell is text, a *figure*, or a list of them (joined without separators).  A fi
   ``scaling:<link>:<algorithm>:<K>`` (``"from"`` a ``python -m lab.scaling`` file, no ``series``, ``n`` = 1: that
   cell's simulated time to the file's target error at that link; null where it was not reached), or
   ``plan:<figure>`` (``"from"`` an ``mpca plan --json`` file, no ``series``, ``n`` = 1): ``time:<algorithm>:<K>``
-  (that cell's predicted time to the target), ``proxy_time:<algorithm>:<K>`` (the proxy's time before the
+  (that cell's predicted time to the target), ``steps:<algorithm>:<K>`` (its agent steps),
+  ``setting:<algorithm>:<K>:<key>`` (a numeric setting it ran with, e.g. ``every``), ``proxy_time:<algorithm>:<K>`` (the proxy's time before the
   noise-scale correction), ``noise_scale`` (the job's B) or ``proxy_noise_scale`` (the proxy's), or
   ``history:<final|min>:<column>`` (``"from"`` a run's ``*.history.csv``, as ``bench compare`` keeps them, no
   ``series``, ``n`` = 1: the column's last or smallest value, e.g. ``holdout_error``; ``"scale"`` as above).  ``format`` is a Python
@@ -182,11 +183,13 @@ def scaling_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
 def plan_figure(doc: Dict[str, Any], figure: str) -> Optional[float]:
     """One figure of an ``mpca plan --json`` file (see ``plan:`` above)."""
     what, *args = figure.split(":")
-    if what == "time":
-        rows = [r for r in doc["rows"] if [r["algorithm"], str(r["agents"])] == args]
+    if what in ("time", "steps", "setting"):
+        rows = [r for r in doc["rows"] if [r["algorithm"], str(r["agents"])] == args[:2]]
         if len(rows) != 1:
             raise ValueError(f"plan figure {figure!r}: {len(rows)} cells, expected one")
-        return _finite(rows[0]["time_s"])
+        if what == "setting":
+            return _finite(rows[0]["settings"].get(args[2]))
+        return _finite(rows[0]["time_s" if what == "time" else "steps"])
     if what == "proxy_time":
         return _finite(doc["proxy_times"].get(f"{args[0]}@{args[1]}"))
     if what == "noise_scale":

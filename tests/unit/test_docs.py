@@ -327,19 +327,20 @@ def test_a_transcribed_figure_may_lack_its_spread_and_a_measured_one_may_not():
                results.problems({**doc, "rows": [{k: measured for k in columns}]}, "rivals-k4"))
 
 
-def test_a_plan_figure_reads_a_cell_the_proxys_time_or_a_noise_scale():
+def test_a_plan_figure_reads_a_cell_its_steps_and_settings_the_proxys_time_or_a_noise_scale():
     """plan:<figure> (docs/hooks/results.py) against a hand-written ``mpca plan --json`` file: a cell's predicted
     time (null where it was not reached), the proxy's uncorrected time and the two noise scales; a cell that is
     missing is an error. A ratio's operand may be a ratio: 84/21 predicted over 92/23 measured is exactly 1."""
     results = _results()
     doc = {"rows": [{"algorithm": "single", "agents": 1, "time_s": 84.0},
-                    {"algorithm": "mpca", "agents": 2, "time_s": 21.0},
+                    {"algorithm": "mpca", "agents": 2, "time_s": 21.0, "steps": 148.0, "settings": {"every": 215}},
                     {"algorithm": "mpca", "agents": 4, "time_s": None}],
            "proxy_times": {"single@1": 80.0, "mpca@2": 40.0}, "config": {"noise_scale": 186.3},
            "proxy_noise": {"b_simple": 658.7}}
     f = results.plan_figure
     assert (f(doc, "time:single:1"), f(doc, "time:mpca:2"), f(doc, "time:mpca:4")) == (84.0, 21.0, None)
     assert (f(doc, "proxy_time:mpca:2"), f(doc, "noise_scale"), f(doc, "proxy_noise_scale")) == (40.0, 186.3, 658.7)
+    assert (f(doc, "steps:mpca:2"), f(doc, "setting:mpca:2:every"), f(doc, "setting:mpca:2:shards")) == (148.0, 215, None)
     for bad in ("time:mpca:8", "no_such_figure"):
         with pytest.raises(ValueError):
             f(doc, bad)
