@@ -127,9 +127,9 @@ def _source(path: str) -> Any:
 def history_figure(rows: List[Dict[str, str]], figure: str) -> Optional[float]:
     """One figure of a run's history CSV (see ``history:`` above); empty cells are skipped."""
     what, column = figure.split(":")
-    values = [float(r[column]) for r in rows if r.get(column) not in (None, "")]
     if what not in ("final", "min"):
         raise ValueError(f"unknown history figure {figure!r}")
+    values = [float(r[column]) for r in rows if r.get(column) not in (None, "")]
     if not values:
         return None
     return _finite(values[-1] if what == "final" else min(values))
@@ -273,11 +273,11 @@ def _figures(cell: Any):
 
 
 def _value(figure: Dict[str, Any]) -> Optional[float]:
-    """A figure's median from its data, or a ratio's value from its operands'."""
+    """A figure's median (derived already: :func:`refresh`), or a ratio's value from its operands'."""
     if "ratio" in figure:
         a, b = (_value(f) for f in figure["ratio"])
         return a / b if a is not None and b else None
-    return derive(figure)["median"]
+    return figure["median"]
 
 
 def refresh(doc: Dict[str, Any]) -> Dict[str, Any]:
