@@ -158,6 +158,12 @@ class TrainingSection(_Strict):
     device_speed: Dict[int, float] = Field(default_factory=dict, description="benchmarks: agents whose emulated "
                                            "device is slower, e.g. {1: 0.5} (a straggler: its steps take "
                                            "device_step_s / 0.5); needs device_step_s")
+    lock_step: Optional[int] = Field(None, ge=1, description="a reproducible run: each agent takes exactly this "
+                                     "many steps per exchange cycle, then waits until the cycle has taken its "
+                                     "contribution and handed it the cycle's broadcast (mpca.exchange.lock_step); "
+                                     "with cluster.reduce: ordered the joint model is the same bit for bit in "
+                                     "every run and in mpca simulate. Training pauses for every exchange; None: "
+                                     "the paper's agents, which never pause")
     timeline_window: int = Field(1000, ge=1, description="cycles of the exchange timeline the driver keeps in "
                                  "memory (~3 KB each); older ones go to a temporary file, and timeline.csv and "
                                  "FitResult.timeline.to_pandas() still hold every cycle")
@@ -317,11 +323,13 @@ class ClusterSection(_Strict):
         "auto", description="with one exchange task slot per agent (executors of 2 cores), how a cycle that "
         "broadcasts reaches the agents: one task per agent that yields after the broadcast's download, two jobs "
         "(reduce, then deliver on the same slot), or auto: measured on the run's cycles, the faster kept")
-    reduce: Literal["tree", "scatter"] = Field(
+    reduce: Literal["tree", "scatter", "ordered"] = Field(
         "tree", description="how a cycle sums the agents' contributions: tree (Spark's treeReduce: every "
-        "contribution into the driver) or scatter (a reduce-scatter over the executors in a shuffle: each "
+        "contribution into the driver), scatter (a reduce-scatter over the executors in a shuffle: each "
         "executor's port carries most of a shard, the driver's one shard instead of K; costs a second stage, "
-        "which waits for a task slot)")
+        "which waits for a task slot) or ordered (every contribution into the driver, which adds them in agent "
+        "order: the same bits whatever the tasks' placement and finishing order; with training.lock_step a "
+        "reproducible run)")
     task_timeout_s: float = Field(TASK_TIMEOUT_S, gt=0, description="how long an exchange task waits for its agent's "
                                   "answer (a round's end included) before it fails and Spark retries it")
     conf: Dict[str, str] = Field(default_factory=dict, description="Spark configuration for a session mpca "
@@ -394,6 +402,7 @@ class Settings(_Strict):
     @model_validator(mode="after")
     def _fits(self):
         self.algorithm.check_agents(self.training.agents)
+        self._lock_step_fits()
         if self.stop.target_loss is not None and self.eval.metric != "loss":
             raise ValueError("stop.target_loss needs eval.metric: loss (the metric is error; use stop.target_error "
                              "or set eval.metric: loss)")
@@ -408,6 +417,23 @@ class Settings(_Strict):
                 raise ValueError(f"training.agents={self.training.start_agents} but cluster.master has {execs} "
                                  f"executor(s); lower training.agents or raise K in local-cluster[K,...]")
         return self
+
+    def _lock_step_fits(self) -> None:
+        """``training.lock_step`` paces agents that never wait for the driver (mpca): not a collective's, not the
+        parameter service's, not those that pause for the driver's model themselves."""
+        if self.training.lock_step is None:
+            return
+        algo = self.algorithm
+        if algo.exchange != "cycle" or algo.collective:
+            raise ValueError(f"training.lock_step paces agents between the driver's exchange cycles; {algo.name}'s "
+                             "agents exchange without them: leave training.lock_step unset")
+        if algo.waits_for_driver:
+            raise ValueError(f"{algo.name}'s agents wait for the driver's model themselves (its rounds are lock "
+                             "steps already): leave training.lock_step unset (cluster.reduce: ordered makes its run "
+                             "reproducible)")
+        if self.data.stream:
+            raise ValueError("training.lock_step needs every row before the first step (its ramp depends on when "
+                             "rows arrive): set data.stream: false")
 
 
 class MLflowSection(_Strict):

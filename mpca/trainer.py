@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Mapping, Optional
 
 import torch
 
@@ -22,6 +22,7 @@ from mpca.checkpoint import due as checkpoint_due
 from mpca.config import Settings, settings_from
 from mpca.errors import RunFailedError, UserError
 from mpca.evaluation import BackgroundEvaluator, EvalResult, SampleRate, evaluate
+from mpca.exchange.schedule import ExchangeEvent
 from mpca.observers import OnCycle, RunObserver, observer_of
 from mpca.runtime.reports import RunCounters
 from mpca.runtime.timeline import Timeline
@@ -55,6 +56,8 @@ class FitResult:
     # rows' check; the holdout's read where the agents do not set it aside, mpca.data.holdout)
     startup: Dict[int, Dict[str, float]] = field(default_factory=dict)  # per agent: AgentRun.startup_phases
     holdout_missing: List[int] = field(default_factory=list)  # agents whose holdout rows never came: scored without
+    # what the exchange core's schedule did, in order (mpca.exchange.schedule.ExchangeEvent; the latest 10,000)
+    exchange_events: List[ExchangeEvent] = field(default_factory=list)
 
 
 class Trainer:
@@ -67,12 +70,16 @@ class Trainer:
     """
 
     def __init__(self, model_fn: Callable[[], torch.nn.Module], loss_fn: Callable, optimizer_fn: Callable,
-                 settings: Optional[Settings] = None, *, spark=None, on_cycle: OnCycle = None,
+                 settings: Optional[Settings | Mapping] = None, *, spark=None, on_cycle: OnCycle = None,
                  **options):
         for name, fn in (("model_fn", model_fn), ("loss_fn", loss_fn), ("optimizer_fn", optimizer_fn)):
             if not callable(fn):
                 raise ValueError(f"{name} must be callable, got {type(fn).__name__}")
         self.model_fn, self.loss_fn, self.optimizer_fn = model_fn, loss_fn, optimizer_fn
+        if isinstance(settings, Mapping):  # the sections as the YAML file spells them: {"training": {...}, ...}
+            settings, options = None, {**settings, **options}
+        elif settings is not None and not isinstance(settings, Settings):
+            raise UserError(f"settings is a mpca.Settings or a mapping of its sections, got {type(settings).__name__}")
         self.settings = settings_from(settings, **options) if options or settings is None else settings
         observer_of(on_cycle)  # a mistake found here, not after the agents started
         self.spark, self.on_cycle = spark, on_cycle
@@ -337,7 +344,8 @@ class Trainer:
                          first_cycle=out.first_cycle, counters=run.counters(), driver_rule=run.rule,
                          agents_up_s=out.agents_up_s, first_exchange_s=out.first_exchange_s,
                          first_exchange_job_end_s=out.first_exchange_job_end_s, prepare_s=out.prepare_s,
-                         startup=out.startup, holdout_missing=out.holdout_missing)
+                         startup=out.startup, holdout_missing=out.holdout_missing,
+                         exchange_events=run.exchange_events())
 
 
 class _HoldoutRows:

@@ -1,4 +1,5 @@
 """Models and functions used by integration tests (shipped to executors by value)."""
+import functools
 import os
 import time
 
@@ -274,3 +275,18 @@ def answered(*agents, joining=()):
     for a in agents:
         rec.agents[a] = AgentReport(agent=a, t_yield=1.0, joining=a in joining)
     return rec
+
+
+def late_on_agent(model_fn, agent: int = 2, seconds: float = 6.0):
+    """A model_fn whose agent ``agent`` (its first process) builds its model ``seconds`` late: in an elastic run it
+    comes up after the run has started and joins from the joint model."""
+    return functools.partial(_late_build, model_fn, agent, seconds)
+
+
+def _late_build(model_fn, agent: int, seconds: float):
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is not None and tc.partitionId() == agent and tc.attemptNumber() == 0:
+        time.sleep(seconds)
+    return model_fn()

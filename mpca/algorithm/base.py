@@ -332,6 +332,9 @@ class Algorithm(BaseModel):
     # the agents average among themselves every step (a collective: DDP's all-reduce through torch.distributed);
     # the driver only arranges their rendezvous and observes
     collective: ClassVar[bool] = False
+    # its agents pause for the driver's model themselves (a round's end, an outer step due): they keep the cycles'
+    # pace already, which training.lock_step must not add to (mpca.exchange.lock_step)
+    waits_for_driver: ClassVar[bool] = False
     summary: ClassVar[str] = ""
     # the wire format a run of this algorithm uses where ``wire.format`` is not set (config.WireSection.resolved)
     default_wire: ClassVar[str] = "fp32"

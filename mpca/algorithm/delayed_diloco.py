@@ -105,6 +105,7 @@ class DelayedDiLoCo(Algorithm):
 
     name: Literal["delayed_diloco"] = "delayed_diloco"
     summary = "DiLoCo with the outer step one round late and eager local updates; agents never wait on the wire"
+    waits_for_driver = True  # its agents pause for the driver's model (mpca.exchange.lock_step)
     every: int = Field(50, ge=1, description="H: inner steps per round")
     eager: bool = Field(True, description="eager updates (the agent's fresh outer gradient stands in for its "
                         "term of the late average) or the naive one-round delay")

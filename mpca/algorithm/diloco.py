@@ -54,6 +54,7 @@ class DiLoCo(Algorithm):
 
     name: Literal["diloco"] = "diloco"
     summary = "outer Nesterov SGD on averaged pseudo-gradients every H inner steps; agents wait for it"
+    waits_for_driver = True  # its agents pause for the driver's model (mpca.exchange.lock_step)
     every: int = Field(50, ge=1, description="H: inner steps per round")
     outer_lr: float = Field(0.7, gt=0.0)
     outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)

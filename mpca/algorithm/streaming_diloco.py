@@ -112,6 +112,7 @@ class StreamingDiLoCo(Algorithm):
 
     name: Literal["streaming_diloco"] = "streaming_diloco"
     summary = "DiLoCo over P fragments synced in turn every H steps, the exchange overlapped with τ steps, int4"
+    waits_for_driver = True  # its agents pause for the driver's model (mpca.exchange.lock_step)
     default_wire = "int4"
     fragments: int = Field(3, ge=1, description="P: fragments of whole layers, one synced every H / P steps")
     fragment_layout: Literal["strided", "sequential", "bytes"] = Field(

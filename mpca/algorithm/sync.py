@@ -32,6 +32,7 @@ class Sync(Algorithm):
 
     name: Literal["sync"] = "sync"
     summary = "average of all models every H local steps; agents wait for it"
+    waits_for_driver = True  # its agents pause for the driver's model (mpca.exchange.lock_step)
     every: int = Field(50, ge=1, description="H: local steps per round")
 
     def agent_factory(self):

@@ -8,8 +8,10 @@ Spark, no sockets and no clock of its own.
   ``training.min_agents`` rule).
 - :mod:`mpca.exchange.partials`: the partial sums of Eq. 9 a reduction carries, how two combine, and the sum the
   driver rule takes (decoded, finite).
-- :mod:`mpca.exchange.agent_step`: an agent's training step with its rule's hooks in order, and its contribution
-  as it goes on the wire (finite, encoded with error feedback).
+- :mod:`mpca.exchange.agent_step`: an agent's batch order, its training step with its rule's hooks in order, and
+  its contribution as it goes on the wire (finite, encoded with error feedback).
+- :mod:`mpca.exchange.lock_step`: an agent in lock step with the cycles (``training.lock_step``: a reproducible
+  run).
 - :mod:`mpca.exchange.service`: the parameter service's handling of one request (decode, refuse NaN/Inf, the
   rule's ``serve``, the answer encoded with the driver's error feedback per agent).
 - :mod:`mpca.exchange.timeouts`: how long the exchange's tasks wait (``cluster.task_timeout_s``'s default).

@@ -2,18 +2,47 @@
 runtime's agent (:class:`mpca.runtime.agent.Agent`) and the simulator's (:class:`mpca.sim.agents.SimAgent`) both
 run, written once.
 
+Its batches (:class:`BatchOrder`): a new permutation of its rows every epoch from its own generator.
+
 A step: ``before_step``, zero_grad, forward and backward (:func:`forward_backward`); ``after_backward`` (DDP's
 all-reduce: each driver calls it, the runtime timing it as exchange time, the simulator charging the all-reduce
 on its clock); the optimizer's step and ``after_step`` (:func:`optimizer_step`)."""
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 import torch
 
 from mpca.algorithm.base import AgentRule
 from mpca.algorithm.wire import ErrorFeedback
+
+
+def batch_seed(seed: int, agent: int) -> int:
+    """The seed of agent ``agent``'s batch order in a run of seed ``seed``."""
+    return seed + 7919 * agent
+
+
+class BatchOrder:
+    """An agent's batches: a new permutation of its ``rows`` every epoch from its own generator (seeded with
+    ``seed``, :func:`batch_seed`; or ``gen``, one the agent has drawn from already), cut into batches of
+    ``batch_size`` (the last one of an epoch may be shorter)."""
+
+    def __init__(self, rows: int, batch_size: int, seed: Optional[int] = None,
+                 gen: Optional[torch.Generator] = None):
+        if (seed is None) == (gen is None):
+            raise ValueError("a batch order takes a seed or a generator")
+        self.rows, self.batch_size = rows, batch_size
+        self.gen = gen if gen is not None else torch.Generator().manual_seed(seed)
+        self.order = torch.randperm(rows, generator=self.gen)
+        self.lo = 0
+
+    def next(self) -> torch.Tensor:
+        if self.lo >= self.rows:
+            self.order, self.lo = torch.randperm(self.rows, generator=self.gen), 0
+        idx = self.order[self.lo:self.lo + self.batch_size]
+        self.lo += self.batch_size
+        return idx
 
 
 def forward_backward(rule: AgentRule, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable,
@@ -47,4 +76,4 @@ def wire_bytes(feedback: ErrorFeedback, shard: int, vec: torch.Tensor, weight: f
     return feedback.encode(shard, values) if weight > 0 else np.ascontiguousarray(values).tobytes()
 
 
-__all__ = ["finite", "forward_backward", "optimizer_step", "wire_bytes"]
+__all__ = ["BatchOrder", "batch_seed", "finite", "forward_backward", "optimizer_step", "wire_bytes"]

@@ -5,7 +5,7 @@ simulator along the same tree's levels (:mod:`mpca.sim.cycles`); both call :func
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable, Optional, Union
+from typing import Dict, Iterable, Optional, Union
 
 import numpy as np
 
@@ -46,6 +46,12 @@ def fold(partials: Iterable[Partial]) -> Partial:
     return acc
 
 
+def in_agent_order(by_agent: Dict[int, Partial]) -> Partial:
+    """``cluster.reduce: ordered``: the agents' partials added in agent order (:func:`fold`) — the same bits
+    whatever order the tasks finished in or the tree met them in, where floating-point sums depend on it."""
+    return fold(by_agent[a] for a in sorted(by_agent))
+
+
 def decoded(partial: Partial) -> WeightedSum:
     """The partial as exact sums (a lossy one decoded)."""
     return partial if isinstance(partial, WeightedSum) else partial.decoded()
@@ -64,4 +70,4 @@ def driver_sum(partial: Partial) -> Optional[WeightedSum]:
     return WeightedSum(total, ws.weight) if bool(torch.isfinite(total).all()) else None
 
 
-__all__ = ["Partial", "combine", "contribution", "decoded", "driver_sum", "empty", "fold"]
+__all__ = ["Partial", "combine", "contribution", "decoded", "driver_sum", "empty", "fold", "in_agent_order"]

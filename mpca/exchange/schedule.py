@@ -17,9 +17,15 @@ fill takes a cycle less.
 A reduction whose sum holds NaN/Inf is not applied (:func:`~mpca.exchange.partials.driver_sum`).  What leaving
 agents handed in (:meth:`PhaseSchedule.hand_in`) is added to the next reduction of their shard that the driver rule
 takes it in (:meth:`~mpca.algorithm.DriverRule.takes_hand_in`).
+
+The schedule logs what it does (:attr:`PhaseSchedule.events`, the latest :data:`EVENTS_KEPT`): ``reduce`` and
+``broadcast`` when a cycle opens, ``stage`` when a reduction is applied to the joint model (``rejected`` where its sum
+held NaN/Inf), ``hand_in`` for each leaving agent's contribution a staging took — the same sequence whichever driver
+runs it, which ``tests/integration/test_lock_step_scenario.py`` checks of the Spark runtime and the simulator.
 """
 from __future__ import annotations
 
+import collections
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Generic, List, Optional, Tuple, TypeVar
@@ -31,6 +37,18 @@ from mpca.exchange.partials import Partial, combine, decoded, driver_sum
 log = logging.getLogger("mpca.pipeline")
 
 P = TypeVar("P")  # what a driver publishes a staged shard as: a Spark broadcast variable, encoded bytes
+EVENTS_KEPT = 10_000  # the schedule's latest events kept (a few per cycle)
+
+
+@dataclass(frozen=True)
+class ExchangeEvent:
+    """One thing the schedule did: ``kind`` (reduce, broadcast, stage, rejected, hand_in) in cycle ``cycle`` (a
+    staging: the cycle of the reduction it applies), of shard ``shard``; ``agent``: a hand-in's."""
+
+    kind: str
+    cycle: int
+    shard: int
+    agent: Optional[int] = None
 
 
 @dataclass
@@ -78,12 +96,17 @@ class PhaseSchedule(Generic[P]):
         self.rejected = 0
         self._filling = True  # no reduction yet
         self._handed_in: Dict[int, List[Tuple[int, WeightedSum, dict]]] = {}  # shard -> (agent, contribution, extra)
+        self.events: "collections.deque[ExchangeEvent]" = collections.deque(maxlen=EVENTS_KEPT)
 
     def open(self, cycle: int) -> CycleOpen[P]:
         """Cycle ``cycle``'s job is submitted: what it reduces and broadcasts (the staged shard leaves the book)."""
         first, self._filling = self._filling and self.pending is None, False  # a resumed run's pending: not first
-        return CycleOpen(cycle, self.rule.reduce_shard(cycle), self.rule.cycle_params(cycle),
-                         self.staged.pop(cycle, None), first)
+        opened = CycleOpen(cycle, self.rule.reduce_shard(cycle), self.rule.cycle_params(cycle),
+                           self.staged.pop(cycle, None), first)
+        self.events.append(ExchangeEvent("reduce", cycle, opened.shard))
+        if opened.staged is not None:
+            self.events.append(ExchangeEvent("broadcast", cycle, opened.staged.shard))
+        return opened
 
     def overlap(self) -> Optional[StageOutcome]:
         """While the job just opened runs: stage the previous cycle's reduction (lag 2, Fig. 8)."""
@@ -115,6 +138,7 @@ class PhaseSchedule(Generic[P]):
         if ws is None:
             self.rejected += 1
             outcome.rejected = True
+            self.events.append(ExchangeEvent("rejected", cycle, shard))
             log.warning("cycle %d: the reduction of shard %d holds NaN/Inf; not applied to the joint model",
                         cycle, shard)
             return outcome
@@ -122,8 +146,10 @@ class PhaseSchedule(Generic[P]):
             if self.rule.takes_hand_in(shard, extra):
                 ws = combine(ws, contribution)
                 outcome.handed_in.append(agent)
+                self.events.append(ExchangeEvent("hand_in", cycle, shard, agent))
             else:
                 log.info("agent %s's handed-in shard %d came too late for its reduction; dropped", agent, shard)
+        self.events.append(ExchangeEvent("stage", cycle, shard))
         out = self.rule.on_reduced(cycle, shard, ws)
         if out is not None:
             self.staged[cycle + lag] = Staged(shard, self.publish(shard, out))
@@ -164,11 +190,13 @@ class PhaseSchedule(Generic[P]):
             if ws is None:
                 log.warning("cycle %d: the reduction of shard %d holds NaN/Inf; not applied to the joint model",
                             cycle, shard)
+                self.events.append(ExchangeEvent("rejected", cycle, shard))
             else:
+                self.events.append(ExchangeEvent("stage", cycle, shard))
                 self.rule.on_reduced(cycle, shard, ws)
         for st in self.staged.values():
             self.release(st.payload)
         self.staged.clear()
 
 
-__all__ = ["CycleOpen", "PhaseSchedule", "StageOutcome", "Staged"]
+__all__ = ["CycleOpen", "EVENTS_KEPT", "ExchangeEvent", "PhaseSchedule", "StageOutcome", "Staged"]

@@ -30,11 +30,12 @@ from mpca.config import DataSection, TrainingSection, WireSection
 from mpca.data.arrow import UnreadableRows
 from mpca.data.checks import found_in_agent, label_counts, labels_problem, unreadable
 from mpca.data.stream import ramp_rows
-from mpca.exchange.agent_step import finite, forward_backward, optimizer_step, wire_bytes
+from mpca.exchange.agent_step import BatchOrder, batch_seed, finite, forward_backward, optimizer_step, wire_bytes
 from mpca.exchange.device import ComputeModel, DeviceClock
 from mpca.exchange.timeouts import TASK_TIMEOUT_S
 from mpca.runtime import placement, protocol
 from mpca.runtime.agent_leave import LeaveOnRequest, hand_in, watch_for_leave
+from mpca.runtime.agent_pacing import PacedWindows
 from mpca.runtime.agent_server import ChannelServer
 from mpca.runtime.protocol import AGENT_OPS, SERVICE_OPS
 from mpca.runtime.channel import listen, listen_tcp
@@ -137,6 +138,9 @@ class Agent:
         self.samples = 0
         self.exchange_s = 0.0  # time the training loop spent in the rule's communicating hooks (not computing)
         self.device_clock = DeviceClock(self._device_step_s(spec.training))  # real compute; emulated idle time
+        # training.lock_step: windows of exactly that many steps per cycle (mpca.exchange.lock_step)
+        self.pace = (PacedWindows(spec.training.lock_step, self._should_stop) if spec.training.lock_step else None)
+        self._fresh_batches = False  # set by a join: the training loop starts its batch order afresh
         self.last_loss = float("nan")
         self.claimed_tokens = collections.deque(maxlen=64)  # one claim per token (a cycle has a token per task kind)
         self.last_contact = time.time()
@@ -210,7 +214,7 @@ class Agent:
     def train_forever(self) -> None:
         if self.error:  # its rows were refused: it answers until stopped, so that the driver says why
             return
-        gen = torch.Generator().manual_seed(self.spec.seed + 7919 * self.id)
+        gen = torch.Generator().manual_seed(batch_seed(self.spec.seed, self.id))
         bs = self.spec.training.batch_size
         self.model.train()
         if self.spec.training.agent_cpus:
@@ -220,25 +224,26 @@ class Agent:
                 time.sleep(0.02)
             ramped = self.loading is None or self._ramp(gen, bs)  # its rows all there (else: stopped, refused)
             n = self.features.shape[0]
+            batches = BatchOrder(n, bs, gen=gen) if n else None  # reshuffled every epoch, after the ramp's draws
             while ramped and not self._should_stop():
                 if n == 0:  # an empty partition: nothing to learn from, contribute weight 0
                     time.sleep(0.05)
                     if time.time() - self.last_contact > self.spec.idle_timeout_s:
                         break
                     continue
-                order = torch.randperm(n, generator=gen)  # reshuffled every epoch
-                order = order if self.data_on_host else order.to(self.device)
-                for lo in range(0, n, bs):
-                    while self.joining and not self._should_stop():  # told it replaces a lost process
-                        time.sleep(0.02)
-                    if self._should_stop():
-                        break
-                    idx = order[lo:lo + bs]
-                    if self.data_on_host:  # rows in file order: fewer, longer reads from the page cache
-                        self._timed_step(self.features, self.labels, idx.sort().values)
-                    else:
-                        self._timed_step(self.features, self.labels, idx)
-                if self._driver_gone():
+                while self.joining and not self._should_stop():  # told it replaces a lost process
+                    time.sleep(0.02)
+                if self._should_stop():
+                    break
+                if self._fresh_batches:  # joined from the joint model: a fresh process's batches, as a replacement's
+                    self._fresh_batches = False
+                    batches = BatchOrder(n, bs, batch_seed(self.spec.seed, self.id))
+                idx = batches.next()
+                if self.data_on_host:  # rows in file order: fewer, longer reads from the page cache
+                    self._timed_step(self.features, self.labels, idx.sort().values)
+                else:
+                    self._timed_step(self.features, self.labels, idx.to(self.device))
+                if batches.lo >= n and self._driver_gone():  # at each epoch's end
                     break
             if self.leaving:  # its executor is being decommissioned: hand in what it holds, then say so
                 hand_in(self)
@@ -248,10 +253,16 @@ class Agent:
 
     def _timed_step(self, features: torch.Tensor, labels: torch.Tensor, idx: torch.Tensor) -> None:
         """One training step on rows ``idx`` (moved to the device where they are not there), on the emulated
-        device's clock, then the rule's hook between steps."""
+        device's clock, then the rule's hook between steps; in lock step, within the cycle's window."""
+        if self.pace is not None:
+            self.pace.before_step()
+            if self._should_stop():
+                return
         started = self.device_clock.start(self.exchange_s)
         x, y = features[idx], labels[idx]
         self.step(x.to(self.device), y.to(self.device))
+        if self.pace is not None:
+            self.pace.stepped()
         self.device_clock.finish(started, self.exchange_s)  # unlocked: the exchange is served meanwhile
         t = time.perf_counter()
         self.rule.between_steps()  # may wait for a round or talk to the parameter service
@@ -431,6 +442,9 @@ class Agent:
             self.rule.ctx.optimizer = self.optimizer
             self.rule.on_reset()
             self.joining = False
+            self._fresh_batches = True
+            if self.pace is not None:
+                self.pace.reset()
         log.info("agent %s (attempt %d) joined from the joint model", self.id, self.attempt)
 
     def handle(self, header: dict, payload: bytearray):
@@ -479,8 +493,15 @@ class Agent:
                     if int(cycle) <= self._delivered_cycle[s]:  # a late hand-off of an older broadcast
                         return {"ok": True, "stale": True}, None
                     self._delivered_cycle[s] = int(cycle)
-                self.rule.receive(s, pieces, params)
-                self._anchor[s] = self.rule.reset_target(s, pieces)  # the latest joint shard: where a reset goes
+
+                def receive(s=s, pieces=pieces, params=params):
+                    self.rule.receive(s, pieces, params)
+                    self._anchor[s] = self.rule.reset_target(s, pieces)  # the latest joint shard: where a reset goes
+
+                if self.pace is None:
+                    receive()
+                else:  # in lock step: received right after this cycle's yield
+                    self.pace.deliver(None if cycle is None else int(cycle), receive)
             return {"ok": True}, None
         if op == "yield":
             s = self._shard(header)
@@ -492,10 +513,16 @@ class Agent:
             if self.joining:  # nothing of its own to give yet
                 vec = torch.zeros(self.spec.layout.shard_numel(s), dtype=self.spec.layout.wire_dtype)
                 return self.report(weight=0.0).to_dict(), vec.numpy().tobytes()
-            self.rule.yield_ready(s, params, float(header.get("timeout_s", TASK_TIMEOUT_S)))
+            timeout_s = float(header.get("timeout_s", TASK_TIMEOUT_S))
+            if self.pace is not None and not self.pace.ready(None if cycle is None else int(cycle), timeout_s):
+                raise TimeoutError(f"agent {self.id} had not taken its lock-step window's {self.pace.gate.steps} "
+                                   f"steps after {timeout_s:.0f}s (step {self.steps})")
+            self.rule.yield_ready(s, params, timeout_s)
             with self._served():  # materialize the shard between two steps
                 self._settle(cycle, header.get("counted"))
                 vec, weight, extra = self.rule.contribution(s, params)
+                if self.pace is not None:
+                    self.pace.yielded(None if cycle is None else int(cycle), bool(header.get("broadcasts")))
                 if cycle is not None:
                     self._unsettled[int(cycle)] = (s, extra)
                     while len(self._unsettled) > 64:  # the driver confirms within a cycle or two

@@ -52,6 +52,9 @@ class ExchangePlan:
     cycle: Optional[int] = None  # sequence number: an agent ignores deliveries older than what it holds
     reduce_shard: Optional[int] = None
     bcast_shard: Optional[int] = None
+    broadcasts: bool = False  # a reduce plan whose cycle also broadcasts (its other job delivers): agents in lock step
+    # wait for that broadcast before their next window (mpca.exchange.lock_step)
+    ordered: bool = False  # cluster.reduce: ordered — each agent's partial kept apart, added in agent order
     params: Optional[Dict[str, Any]] = None  # the algorithm's cycle parameters (JSON), sent with deliver and yield
     codec: Codec = Codec()  # the wire format of shards going up and down (fp32: the layout's wire dtype)
     reduce_numel: int = 0  # values of the reduced shard (to decode a lossy contribution)
@@ -129,14 +132,20 @@ def _yield(plan: ExchangePlan, ch: Channel, entry: AgentReport, rec: ExchangeRec
     header, payload = ch.request(protocol.header(AGENT_OPS, "yield", shard=plan.reduce_shard, params=plan.params or {},
                                                  cycle=plan.cycle, counted=None if counted is None else list(counted),
                                                  rejoin=plan.pids is not None and known != entry.pid,
-                                                 timeout_s=plan.timeout_s), timeout=plan.timeout_s + 10)
+                                                 timeout_s=plan.timeout_s,
+                                                 broadcasts=plan.broadcasts or plan.bcast_shard is not None),
+                                 timeout=plan.timeout_s + 10)
     entry.t_yield = time.time()
     if "agent" not in header:  # the agent answered with an error instead of its shard
         entry.error = f"agent {entry.agent} could not yield shard {plan.reduce_shard}: {header.get('error')}"
         return
     entry.update(header)
     entry.bytes_up = len(payload)
-    rec.partial = contribution(payload, plan.reduce_numel, float(header["weight"]), plan.codec)
+    partial = contribution(payload, plan.reduce_numel, float(header["weight"]), plan.codec)
+    if plan.ordered:
+        rec.by_agent[entry.agent] = partial
+    else:
+        rec.partial = partial
 
 
 def run_niced(fn, *args):

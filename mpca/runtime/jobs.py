@@ -32,6 +32,7 @@ class ExchangeJobs:
         self.executors = max(1, executors)
         self.task_timeout_s = task_timeout_s
         self.scatter = reduce == "scatter"  # cluster.reduce: a cycle's partial sums reduce-scattered (scatters)
+        self.ordered = reduce == "ordered"  # cluster.reduce: each agent's partial kept apart, added in agent order
         self.counts: Dict[str, int] = {"cycle": 0, "deliver": 0, "correction": 0, "control": 0}  # jobs, by purpose
         self.job_group = f"mpca-{run_id}-exchange"
         # long-lived threads: PySpark's pinned thread mode gives each Python thread its own JVM thread and does not
@@ -46,6 +47,7 @@ class ExchangeJobs:
     def plan(self, token: str, op: str, **kw) -> ExchangePlan:
         """What every task of one job does (``op``), with the run's identity and the roster's wait."""
         kw.setdefault("agent_wait_s", self.roster.wait_s())
+        kw.setdefault("ordered", self.ordered)
         return ExchangePlan(self.run_id, self.secret, token, op, codec=self.codec,
                             timeout_s=self.task_timeout_s, absent=tuple(sorted(self.roster.absent)), **kw)
 

@@ -209,7 +209,7 @@ class ExchangePipeline:
                                                           and self.layout.two_jobs()))
         if two_jobs or not staged:
             reduce = plan(f"c{c}/r", "reduce", cycle=c, reduce_shard=r, reduce_numel=numel(r), params=params,
-                          counted=counted, pids=pids)
+                          counted=counted, pids=pids, broadcasts=staged is not None)
             deliver = plan(f"c{c}/b", "deliver", cycle=c, bcast_shard=staged.shard, params=params) if staged else None
         else:
             reduce = plan(f"c{c}", "cycle", cycle=c, reduce_shard=r, bcast_shard=staged.shard if staged else None,
@@ -239,7 +239,7 @@ class ExchangePipeline:
         bcs = [e.t_bc for e in rec.delivered.values() if e.t_bc]
         rec.reduce_start = min(yields) if yields else None
         rec.bcast_end = max(bcs) if bcs else None
-        self._staged(rec, lambda: self.schedule.close(opened, None if rec.abandoned else result.partial))
+        self._staged(rec, lambda: self.schedule.close(opened, None if rec.abandoned else result.reduced()))
         self.join(rec)
         self.timeline.add(rec)
         return rec

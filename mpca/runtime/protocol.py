@@ -56,7 +56,8 @@ AGENT_OPS: Dict[str, Operation] = _ops(
     Operation("deliver", {"shard": INT}, CYCLE),  # the broadcast shard (payload: encoded in the wire format)
     Operation("join", {}, {"shard": INT + (NONE,), **CYCLE}),  # a replacement: the whole joint model, exact
     Operation("yield", {"shard": INT}, {**CYCLE, "counted": ITEMS + (NONE,), "rejoin": FLAG,
-                                        "timeout_s": NUMBER}),  # its shard and weight τ (the reply's payload)
+                                        "timeout_s": NUMBER, "broadcasts": FLAG}),  # its shard and weight τ (the
+    # reply's payload); broadcasts: the cycle hands it a broadcast too (a lock-step agent waits for it, mpca.exchange.lock_step)
     Operation("holdout", {}, {"up_to": INT}),  # its holdout rows' hashes, or its rows up to a hash
     Operation("stop"),
 )

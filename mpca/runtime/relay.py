@@ -99,11 +99,13 @@ class RelayJobs(ExchangeJobs):
     abandons = False  # its tasks end within their own waits: there is no job to cancel
 
     def __init__(self, directory: AgentDirectory, run_id: str, secret: bytes, roster: AgentRoster, codec: Codec,
-                 task_timeout_s: float, attempt: int = 0):
+                 task_timeout_s: float, attempt: int = 0, ordered: bool = False):
         """``attempt``: the coordinator task's attempt, in every claim token — the agents remember the tokens
-        they answered, and a coordinator started again counts its cycles from its checkpoint."""
+        they answered, and a coordinator started again counts its cycles from its checkpoint; ``ordered``:
+        ``cluster.reduce: ordered`` (scatter is a shuffle, which a relay's threads have not: their sums are the
+        tree's)."""
         super().__init__(None, run_id, secret, roster, codec, executors=max(1, len(roster.agents)),
-                         task_timeout_s=task_timeout_s)
+                         task_timeout_s=task_timeout_s, reduce="ordered" if ordered else "tree")
         self.directory = directory
         self.attempt = attempt
         self._relay = ThreadPoolExecutor(max_workers=RELAY_THREADS, thread_name_prefix="mpca-relay")
@@ -221,7 +223,7 @@ class RelaySide:
 
     def exchange_jobs(self, run_id: str, secret: bytes, roster: AgentRoster, codec: Codec) -> RelayJobs:
         return RelayJobs(self.directory, run_id, secret, roster, codec, self.settings.cluster.task_timeout_s,
-                         self.attempt)
+                         self.attempt, ordered=self.settings.cluster.reduce == "ordered")
 
     def broadcasts(self, codec: Codec) -> HeldBroadcasts:
         return HeldBroadcasts(codec)

@@ -20,6 +20,7 @@ from mpca.config import Settings
 from mpca.data.checks import label_skew
 from mpca.data.split import holdout_cut
 from mpca.errors import RunFailedError
+from mpca.exchange.schedule import ExchangeEvent
 from mpca.runtime import control, initial
 from mpca.runtime.agent import AgentSpec
 from mpca.runtime.driver_service import DriverService
@@ -300,6 +301,10 @@ class AgentRun:
             sender.load_state_dict({"residual": residual})
             restored += len(residual)
         log.info("resume: the driver's %s residuals of %d streams restored", self.codec.fmt, restored)
+
+    def exchange_events(self) -> List[ExchangeEvent]:
+        """What the exchange core's schedule did, in order (the latest :data:`~mpca.exchange.schedule.EVENTS_KEPT`)."""
+        return list(self.pipeline.schedule.events)
 
     def counters(self) -> RunCounters:
         pipe = self.pipeline

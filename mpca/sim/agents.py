@@ -13,34 +13,18 @@ import torch
 from mpca.algorithm.base import AgentContext, AgentRule, Algorithm
 from mpca.algorithm.sharding import ShardLayout
 from mpca.algorithm.wire import Codec, ErrorFeedback
-from mpca.exchange.agent_step import finite, forward_backward, optimizer_step, wire_bytes
-
-
-class BatchOrder:
-    """The runtime's batches: a new permutation of the agent's rows every epoch from its own generator
-    (seed + 7919 · agent), cut into batches of ``batch_size`` (the last one of an epoch may be shorter)."""
-
-    def __init__(self, rows: int, batch_size: int, seed: int):
-        self.rows, self.batch_size = rows, batch_size
-        self.gen = torch.Generator().manual_seed(seed)
-        self.order = torch.randperm(rows, generator=self.gen)
-        self.lo = 0
-
-    def next(self) -> torch.Tensor:
-        if self.lo >= self.rows:
-            self.order, self.lo = torch.randperm(self.rows, generator=self.gen), 0
-        idx = self.order[self.lo:self.lo + self.batch_size]
-        self.lo += self.batch_size
-        return idx
+from mpca.exchange.agent_step import BatchOrder, batch_seed, finite, forward_backward, optimizer_step, wire_bytes
+from mpca.exchange.lock_step import LockStep
 
 
 class SimAgent:
-    """One agent of the simulation (see the module doc); ``service``: its simulated service client or None."""
+    """One agent of the simulation (see the module doc); ``service``: its simulated service client or None;
+    ``lock_step``: its windows of that many steps per cycle (``training.lock_step``), or None."""
 
     def __init__(self, agent_id: int, agents: int, algorithm: Algorithm, layout: ShardLayout,
                  init_state: Dict[str, torch.Tensor], model_fn: Callable[[], torch.nn.Module], loss_fn,
                  optimizer_fn, features: torch.Tensor, labels: torch.Tensor, batch_size: int, codec: Codec,
-                 seed: int = 0, service: Any = None):
+                 seed: int = 0, service: Any = None, lock_step: Optional[int] = None):
         self.id = agent_id
         torch.manual_seed(seed + 1000 * agent_id)  # as the runtime's agent
         self.model = model_fn()
@@ -50,7 +34,7 @@ class SimAgent:
         self.optimizer = optimizer_fn(self.model.parameters())
         self.shards = layout.bind_module(self.model, algorithm.buffers)
         self.features, self.labels = features, labels
-        self.batches = BatchOrder(int(features.shape[0]), batch_size, seed + 7919 * agent_id)
+        self.batches = BatchOrder(int(features.shape[0]), batch_size, batch_seed(seed, agent_id))
         self.codec = codec
         self.feedback = ErrorFeedback(codec)  # its contributions' residuals (lossy formats), as the runtime's
         self.steps = 0
@@ -58,6 +42,7 @@ class SimAgent:
         self.last_loss = float("nan")
         self.stopping = False
         self.service = service
+        self.pace = LockStep(lock_step) if lock_step else None
         ctx = AgentContext(agent_id=agent_id, agents=agents, model=self.model, optimizer=self.optimizer,
                            shards=self.shards, device=torch.device("cpu"), rows=int(features.shape[0]),
                            service=service, lock=threading.Lock(), stats=self.counters,

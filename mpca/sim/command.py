@@ -77,6 +77,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wire", default=None, help="fp32, bf16, int8 or int4 (default: the algorithm's: int8 for mpca, "
                    "int4 for streaming_diloco, fp32 otherwise)")
     p.add_argument("--max-seconds", type=float, default=120.0, help="virtual seconds at most")
+    p.add_argument("--max-cycles", type=int, default=None, metavar="N",
+                   help="stop.max_cycles: end after N exchange cycles (the joint model then takes every reduction)")
+    p.add_argument("--lock-step", type=int, default=None, metavar="STEPS",
+                   help="training.lock_step: each agent takes exactly STEPS steps per cycle (a reproducible run)")
+    p.add_argument("--reduce", choices=["tree", "ordered"], default="tree",
+                   help="cluster.reduce: tree (treeReduce's levels) or ordered (the partials added in agent order)")
     p.add_argument("--eval-every", type=float, default=5.0, help="virtual seconds between evaluations")
     p.add_argument("--targets", default="0.5,0.4", help="holdout errors, comma-separated")
     p.add_argument("--hidden", default="1024,1024", help="the MLP's hidden widths (1024,1024: the benchmark's)")
@@ -138,7 +144,8 @@ def config_from(args) -> SimConfig:
                          absences=tuple([Absence.parse(h, "hang") for h in args.hang] +
                                         [Absence.parse(x, "lost") for x in args.lose]),
                          agent_wait_s=args.agent_wait, startup_s=args.startup,
-                         agent_starts_s=tuple(parse_floats(args.agent_starts)))
+                         agent_starts_s=tuple(parse_floats(args.agent_starts)), lock_step=args.lock_step,
+                         reduce=args.reduce, max_cycles=args.max_cycles)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "settings"

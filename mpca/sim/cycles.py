@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from mpca.algorithm.base import DriverRule
 from mpca.algorithm.wire import Codec, ErrorFeedback
-from mpca.exchange.partials import Partial, contribution, fold
+from mpca.exchange.partials import Partial, contribution, fold, in_agent_order
 from mpca.exchange.schedule import CycleOpen, PhaseSchedule
 from mpca.sim.clock import VirtualClock
 from mpca.sim.network import (broadcast_time, driver_copies, driver_partials, exchange_cpu_time, tree_groups,
@@ -74,20 +74,26 @@ def tree_combine(partials: List[Partial]) -> Partial:
 
 
 class VirtualPipeline:
-    """Runs the cycles of a driver-initiated algorithm on ``clock``. ``deliver(agent, shard, data, params, t)``
-    hands an agent an encoded broadcast; ``contribute(agent, shard, params)`` returns (bytes, weight, extra) or None
-    when the agent's rule is not ready to yield (the simulator calls :meth:`offer` after its next step); it is asked
-    only while ``presence`` says the agent's process can answer. ``presence``: who is absent or joining;
+    """Runs the cycles of a driver-initiated algorithm on ``clock``. ``deliver(agent, shard, data, params, t, cycle)``
+    hands an agent an encoded broadcast; ``contribute(agent, shard, params, cycle, broadcasts)`` returns (bytes,
+    weight, extra) or None when the agent is not ready to yield (its rule's round, its lock-step window; the
+    simulator calls :meth:`offer` after its next step); it is asked only while ``presence`` says the agent's process
+    can answer; ``broadcasts``: the cycle hands the agents a broadcast too. ``presence``: who is absent or joining;
     ``join(agents, params, t)`` hands replacements the joint model (``join_bytes``: its size on the wire)."""
 
     def __init__(self, clock: VirtualClock, rule: DriverRule, agents: int, codec: Codec, net: NetworkConstants,
                  interval_s: float, deliver: Callable, contribute: Callable, numel: Callable[[int], int],
-                 presence: Optional[Presence] = None, join: Optional[Callable] = None, join_bytes: int = 0):
+                 presence: Optional[Presence] = None, join: Optional[Callable] = None, join_bytes: int = 0,
+                 ordered: bool = False, before_cycle: Optional[Callable[[int, float], None]] = None,
+                 after_cycle: Optional[Callable[[int, float], None]] = None):
         self.clock, self.rule, self.K, self.codec, self.net = clock, rule, agents, codec, net
         self.interval_s = interval_s
         self.deliver, self.contribute, self.numel = deliver, contribute, numel
         self.presence = presence if presence is not None else Presence(agents)
         self.join, self.join_bytes = join, join_bytes
+        self.ordered = ordered  # cluster.reduce: ordered — the partials added in agent order, not along the tree
+        # a scripted membership's changes (mpca.sim.presence.MembershipChange): before a cycle opens, as it ends
+        self.before_cycle, self.after_cycle = before_cycle, after_cycle
         self.present = agents  # as the driver rule last heard it (on_membership)
         self.feedback = ErrorFeedback(codec)  # the driver's broadcasts, one residual per shard
         self.schedule: PhaseSchedule[bytes] = PhaseSchedule(
@@ -105,6 +111,8 @@ class VirtualPipeline:
         return self.schedule.rejected
 
     def _cycle(self, t: float) -> None:
+        if self.before_cycle is not None:
+            self.before_cycle(self.cycle_no, t)
         opened = self.schedule.open(self.cycle_no)
         staged, params = opened.staged, opened.params
         self.schedule.overlap()  # concurrent with the job
@@ -122,7 +130,8 @@ class VirtualPipeline:
         if staged:
             for a in range(self.K):  # scheduled before the yields: a delivery at the same instant comes first
                 self.clock.schedule(bcast_end,
-                                    lambda when, a=a: self.deliver(a, staged.shard, staged.payload, params, when))
+                                    lambda when, a=a: self.deliver(a, staged.shard, staged.payload, params, when,
+                                                                   opened.cycle))
         for a in range(self.K):
             self.clock.schedule(yield_at, lambda when, a=a: self.offer(a, when))
         self.clock.schedule(run + self.presence.wait_s(), lambda when: self._give_up(job, when))
@@ -172,7 +181,7 @@ class VirtualPipeline:
         if not self.presence.acts(agent, t):  # stopped, lost or not joined: it cannot answer the task
             return
         job.claimed.add(agent)
-        got = self.contribute(agent, job.opened.shard, job.opened.params)
+        got = self.contribute(agent, job.opened.shard, job.opened.params, job.opened.cycle, job.opened.staged is not None)
         if got is None:
             return
         data, weight, _ = got
@@ -193,7 +202,8 @@ class VirtualPipeline:
         nbytes = max(b for _, _, b in job.partials.values())
         arrival = tree_reduce_arrival([job.partials[a][0] for a in order], nbytes, self.net)
         end = max(arrival, job.bcast_end, not_before) + exchange_cpu_time(self.K, nbytes + job.bcast_bytes, self.net)
-        partial = tree_combine([job.partials[a][1] for a in order])
+        partial = (in_agent_order({a: job.partials[a][1] for a in order}) if self.ordered
+                   else tree_combine([job.partials[a][1] for a in order]))
         stat = CycleStat(job.opened.cycle, job.submitted, end, job.opened.shard, job.bcast_shard,
                          bytes_in=driver_partials(self.K) * nbytes,
                          bytes_out=int(round(driver_copies(self.K, self.net) * job.bcast_bytes)),
@@ -211,6 +221,8 @@ class VirtualPipeline:
             self.present = present
             self.rule.on_membership(present)
         nxt = max(t, job.submitted + self.interval_s)
+        if self.after_cycle is not None:
+            self.after_cycle(job.opened.cycle, t)
         joiners = self.presence.ready_to_join(t)
         if joiners and self.join is not None:  # the runtime's join job, before the next cycle
             done = t + self.net.job_overhead_s + broadcast_time(len(joiners), self.join_bytes, self.net)

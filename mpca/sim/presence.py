@@ -21,11 +21,12 @@ corrective jobs (tasks that landed where no agent was) — a simulated task alwa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from mpca.exchange.presence import PresenceBook
 
 KINDS = ("hang", "lost")
+CHANGES = ("lost", "joined")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,36 @@ class Absence:
             return cls(int(parts[0]), float(parts[1]), float(parts[2]), kind)
         except ValueError:
             raise ValueError(f"an absence is AGENT:AT:FOR in seconds, e.g. 1:20:8, got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """A change of the run's agents at a cycle's boundary, as a run's timeline records it (a replay): ``lost`` —
+    agent ``agent``'s process is gone before cycle ``cycle`` opens (or, in an elastic run, not up yet); ``joined``
+    — its replacement (or the late agent) joins from the joint model as cycle ``cycle`` ends."""
+
+    cycle: int
+    agent: int
+    kind: str
+
+    def __post_init__(self):
+        if self.kind not in CHANGES or self.cycle < 0 or self.agent < 0:
+            raise ValueError(f"a membership change is one of {CHANGES} at a cycle >= 0 of an agent >= 0, got {self}")
+
+
+def replayed(missing: Sequence[Iterable[int]], joined: Sequence[Iterable[int]]) -> Tuple[MembershipChange, ...]:
+    """A run's membership from its cycles (``missing[c]``: the agents cycle ``c`` went without, ``joined[c]``: those
+    handed the joint model after it), as the changes that make a simulation go through the same: an agent missing
+    from a cycle it was present in before is lost before it; a join follows its cycle."""
+    changes, away = [], set()
+    for c, (miss, joins) in enumerate(zip(missing, joined)):
+        for a in sorted(set(miss) - away):
+            changes.append(MembershipChange(c, a, "lost"))
+            away.add(a)
+        for a in sorted(joins):
+            changes.append(MembershipChange(c, a, "joined"))
+            away.discard(a)
+    return tuple(changes)
 
 
 class Presence(PresenceBook):

@@ -7,6 +7,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from mpca.exchange.schedule import ExchangeEvent
+
 
 @dataclass
 class HistoryRow:
@@ -40,6 +42,8 @@ class SimResult:
     settings: Dict[str, Any]
     history: List[HistoryRow] = field(default_factory=list)
     cycles: List[CycleStat] = field(default_factory=list)
+    # what the exchange core's schedule did, in order (mpca.exchange.schedule.ExchangeEvent), as FitResult's
+    exchange_events: List[ExchangeEvent] = field(default_factory=list)  # not in to_dict: the cycles say it
     targets: List[float] = field(default_factory=list)
     time_to_target: Dict[str, Optional[float]] = field(default_factory=dict)
     virtual_s: float = 0.0
@@ -106,6 +110,7 @@ class SimResult:
 
     def to_dict(self) -> Dict[str, Any]:
         out = asdict(self)
+        out.pop("exchange_events")
         out.update(bytes_on_driver_port=self.bytes_on_driver_port, final_error=self.final_error,
                    mean_cycle_s=self.mean_cycle_s, cycle_count=len(self.cycles),
                    missed_cycles={str(a): n for a, n in self.missed_cycles.items()}, joins=self.joins)

@@ -52,7 +52,7 @@ from mpca.exchange.device import ComputeModel
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.cycles import VirtualPipeline
 from mpca.sim.network import DriverPort, ring_allreduce_bytes, ring_allreduce_time
-from mpca.sim.presence import Absence, Presence
+from mpca.sim.presence import Absence, MembershipChange, Presence
 from mpca.sim.result import HistoryRow, SimResult
 from mpca.sim.service import SimServiceClient
 from mpca.sim.workload import TeacherWorkload, Workload
@@ -95,6 +95,12 @@ class SimConfig(BaseModel):
     # steps are out of phase by the spread of their start-ups.  Empty: every agent starts at startup_s.  ddp's
     # ranks step together from startup_s whatever is given (its process group forms when all are up).
     agent_starts_s: Tuple[float, ...] = ()
+    # training.lock_step: each agent's windows of exactly this many steps per cycle (mpca.exchange.lock_step)
+    lock_step: Optional[int] = Field(None, ge=1)
+    reduce: Literal["tree", "ordered"] = "tree"  # cluster.reduce: ordered — the partials added in agent order
+    max_cycles: Optional[int] = Field(None, ge=1)  # stop.max_cycles: the run ends after this many exchange cycles
+    # agents lost and joining at cycle boundaries, as a run's timeline records them (mpca.sim.presence.replayed)
+    membership: Tuple[MembershipChange, ...] = ()
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -115,6 +121,13 @@ class SimConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _membership_of_the_runs_agents(self) -> "SimConfig":
+        bad = sorted({c.agent for c in self.membership if c.agent >= self.agents})
+        if bad:
+            raise ValueError(f"membership names agents {bad}, but the run has agents 0..{self.agents - 1}")
+        return self
+
+    @model_validator(mode="after")
     def _starts_before_startup(self) -> "SimConfig":
         starts = self.agent_starts_s
         if starts and (len(starts) != self.agents or not all(0 <= s <= self.startup_s for s in starts)):
@@ -131,7 +144,10 @@ def check_supported(cfg: SimConfig) -> None:
         raise ValueError(f"the simulator does not run {name}: {REFUSED[name]}")
     cfg.algorithm.check_agents(cfg.agents)
     algo = cfg.algorithm
-    if cfg.absences and (algo.exchange != "cycle" or algo.collective or algo.scored_model != "joint"):
+    if cfg.lock_step is not None and (algo.exchange != "cycle" or algo.collective or algo.waits_for_driver):
+        raise ValueError(f"lock_step paces agents that never wait for the driver (mpca), not {name}'s")
+    if (cfg.absences or cfg.membership) and (algo.exchange != "cycle" or algo.collective
+                                             or algo.scored_model != "joint"):
         raise ValueError(f"absent and joining agents are simulated for mpca, sync and diloco (the driver's exchange "
                          f"cycles), not for {name}")
 
@@ -178,7 +194,9 @@ class Simulator:
             self.pipeline = VirtualPipeline(self.clock, self.rule, K, self.codec, cfg.network, algo.cycle_interval_s,
                                             self._deliver, self._contribute, self.layout.shard_numel,
                                             presence=self.presence, join=self._join,
-                                            join_bytes=4 * self.layout.total_numel)
+                                            join_bytes=4 * self.layout.total_numel, ordered=cfg.reduce == "ordered",
+                                            before_cycle=self._scripted_losses if cfg.membership else None,
+                                            after_cycle=self._scripted_joins if cfg.membership else None)
         self.result = SimResult(algorithm=algo.name, agents=K, wire=self.wire, constants=cfg.network.to_dict(),
                                 settings={"algorithm": algo.model_dump(mode="json"),
                                           "compute": {"step_s": cfg.compute.step_s, "jitter": cfg.compute.jitter,
@@ -197,7 +215,7 @@ class Simulator:
         x, y = self.rows[a]
         return SimAgent(a, self.K, self.cfg.algorithm if not self.ddp else _PlainRule(), self.layout, self.init_state,
                         self.cfg.workload.model_fn, self.cfg.workload.loss_fn, self.cfg.workload.optimizer_fn, x, y,
-                        self.cfg.batch_size, self.codec, self.cfg.seed, self.clients[a])
+                        self.cfg.batch_size, self.codec, self.cfg.seed, self.clients[a], self.cfg.lock_step)
 
     def _later(self, t: float, a: int, event) -> None:
         """Schedule one of agent ``a``'s own events; it is dropped if the process is lost meanwhile, and held
@@ -215,8 +233,14 @@ class Simulator:
         self.clock.schedule(t, run)
 
     def _step(self, a: int, t: float) -> None:
+        pace = self.agents[a].pace
+        if pace is not None and not pace.may_step():  # its lock-step window is closed: parked until it opens
+            self.parked.add(a)
+            return
         self.now[a] = t
         self.agents[a].step()
+        if pace is not None:
+            pace.stepped()
         charged = self._charged(a)
         if self.pipeline is not None:
             self.pipeline.offer(a, t + charged)
@@ -236,10 +260,26 @@ class Simulator:
         a = absence.agent
         self.presence.stop(absence)
         if absence.kind == "lost":  # the process and its state are gone; Spark's retry brings a replacement up
-            self.lost_steps += self.agents[a].steps
-            self.parked.discard(a)
-            self.pipeline.lost(a, t)
+            self._lost(a, t)
             self.clock.schedule(t + absence.for_s, lambda when: self.presence.replacement_up(a, when))
+
+    def _lost(self, a: int, t: float) -> None:
+        self.lost_steps += self.agents[a].steps
+        self.parked.discard(a)
+        self.pipeline.lost(a, t)
+
+    def _scripted_losses(self, cycle: int, t: float) -> None:
+        """``cfg.membership``: the processes lost before ``cycle`` opens."""
+        for change in self.cfg.membership:
+            if change.cycle == cycle and change.kind == "lost":
+                self.presence.stop(Absence(change.agent, t, 1.0, "lost"))
+                self._lost(change.agent, t)
+
+    def _scripted_joins(self, cycle: int, t: float) -> None:
+        """``cfg.membership``: the replacements up to join as ``cycle`` ends."""
+        for change in self.cfg.membership:
+            if change.cycle == cycle and change.kind == "joined":
+                self.presence.replacement_up(change.agent, t)
 
     def _join(self, agents: List[int], params: dict, t: float) -> None:
         """The runtime's join (``Agent._join``): a fresh process of each replacement takes every shard of the
@@ -253,7 +293,7 @@ class Simulator:
                 for s, p in enumerate(pieces):
                     torch._foreach_copy_(ag.shards.views(s), p)
             ag.rule.joined(pieces, params, state)  # a rule copies what it keeps
-            ag.rule.on_reset()
+            ag.rule.on_reset()  # (a fresh process: a fresh lock-step window)
             self.presence.joined([a])
             self._later(t, a, self._step)
 
@@ -261,25 +301,40 @@ class Simulator:
         client = self.clients[a]
         return client.take_charge() if client is not None else 0.0
 
-    def _deliver(self, a: int, shard: int, data: bytes, params: dict, t: float) -> None:
+    def _deliver(self, a: int, shard: int, data: bytes, params: dict, t: float, cycle: int) -> None:
         if not self.presence.acts(a, t):  # stopped, lost or not joined yet: the broadcast misses it
             return
         ag = self.agents[a]
         vec = torch.from_numpy(self.codec.decode(data, self.layout.shard_numel(shard)))
-        ag.rule.receive(shard, ag.shards.split(shard, vec), params)
-        if a in self.parked and not ag.rule.waiting():
-            self.parked.discard(a)
-            self._later(t, a, self._step)
+        pieces = ag.shards.split(shard, vec)
+        if ag.pace is None:
+            ag.rule.receive(shard, pieces, params)
+        else:  # in lock step: received right after this cycle's yield
+            ag.pace.deliver(cycle, lambda: ag.rule.receive(shard, pieces, params))
+        self._wake(a, t)
         if self.pipeline is not None:
             self.pipeline.offer(a, t)
 
-    def _contribute(self, a: int, shard: int, params: dict):
+    def _wake(self, a: int, t: float) -> None:
+        """A parked agent steps again once neither its rule nor its lock-step window holds it."""
         ag = self.agents[a]
+        if a in self.parked and not ag.rule.waiting() and (ag.pace is None or ag.pace.may_step()):
+            self.parked.discard(a)
+            self._later(t, a, self._step)
+
+    def _contribute(self, a: int, shard: int, params: dict, cycle: int, broadcasts: bool):
+        ag = self.agents[a]
+        if ag.pace is not None and not ag.pace.ready(cycle):  # its window's steps are not all taken
+            return None
         try:
             ag.rule.yield_ready(shard, params, 0.0)  # timeout 0: returns when ready, else TimeoutError
         except TimeoutError:
             return None
-        return ag.contribution_bytes(shard, params)
+        out = ag.contribution_bytes(shard, params)
+        if ag.pace is not None:
+            ag.pace.yielded(cycle, broadcasts)
+            self._wake(a, self.clock.now)
+        return out
 
     # ------------------------------------------------------------------ ddp
     def _ddp_step(self, t: float) -> None:
@@ -347,13 +402,19 @@ class Simulator:
         if self.pipeline is not None:
             self.pipeline.start(up)
         self.clock.schedule(0.0, self._evaluate)
-        self.clock.run_until(self.cfg.max_virtual_s, stop=lambda: self.done)
+        cycles = self.cfg.max_cycles
+        ended = (lambda: self.done) if cycles is None or self.pipeline is None else \
+            (lambda: self.done or self.pipeline.cycle_no >= cycles)
+        self.clock.run_until(self.cfg.max_virtual_s, stop=ended)
+        if cycles is not None and self.pipeline is not None and self.pipeline.cycle_no >= cycles:
+            self.pipeline.schedule.flush()  # as the runtime's stop: the joint model holds every reduction
         res = self.result
         if not self.done and (not res.history or res.history[-1].t < self.clock.now):
             self._evaluate(self.clock.now, again=False)
         res.virtual_s = self.clock.now
         res.steps = sum(ag.steps for ag in self.agents) + self.lost_steps
         res.cycles = list(self.pipeline.stats) if self.pipeline is not None else []
+        res.exchange_events = list(self.pipeline.schedule.events) if self.pipeline is not None else []
         res.service_requests = sum(c.requests for c in self.clients if c is not None)
         res.service_bytes_in, res.service_bytes_out = self.port.bytes_in, self.port.bytes_out
         res.reach()

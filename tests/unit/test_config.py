@@ -319,3 +319,20 @@ def test_an_agents_range_makes_an_elastic_run_that_starts_with_its_minimum():
     assert TrainingSection(agents="3-3").elastic is False
     with pytest.raises(ValueError, match="drop training.min_agents=3"):
         TrainingSection(agents="2-4", min_agents=3)
+
+
+@pytest.mark.parametrize("algorithm, data, line", [
+    ({"name": "sync"}, {}, "sync's agents wait for the driver's model themselves"),
+    ({"name": "diloco"}, {}, "diloco's agents wait for the driver's model themselves"),
+    ({"name": "easgd"}, {}, "easgd's agents exchange without them"),
+    ({"name": "ddp"}, {}, "ddp's agents exchange without them"),
+    ({"name": "mpca"}, {"stream": True}, "set data.stream: false"),
+])
+def test_lock_step_paces_only_agents_that_never_wait_and_needs_every_row_first(algorithm, data, line):
+    from mpca.config import Settings
+
+    with pytest.raises(ValueError, match=line):
+        Settings(training={"lock_step": 5}, algorithm=algorithm, data=data)
+    ok = Settings(training={"lock_step": 5}, cluster={"reduce": "ordered"})
+    assert (ok.training.lock_step, ok.cluster.reduce, ok.algorithm.name) == (5, "ordered", "mpca")
+    assert Settings(algorithm=algorithm, cluster={"reduce": "ordered"}).training.lock_step is None

@@ -11,7 +11,7 @@ import torch
 
 from mpca.algorithm.weighted_sum import WeightedSum
 from mpca.algorithm.wire import Codec, EncodedSum
-from mpca.exchange.partials import combine, contribution, decoded, driver_sum, empty, fold
+from mpca.exchange.partials import combine, contribution, decoded, driver_sum, empty, fold, in_agent_order
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "mpca"
 
@@ -46,6 +46,28 @@ def test_the_driver_takes_finite_sums_only():
     assert nothing.total is None and nothing.weight == 0.0
 
 
+def test_partials_kept_apart_are_added_in_agent_order_whatever_order_they_came_in():
+    """cluster.reduce: ordered — fp32 sums depend on their order; (a + b) + c in agent order, every time."""
+    a, b, c = (np.array([v], np.float32) for v in (1e8, 1.0, -1e8))
+    parts = {2: WeightedSum(c, 1.0), 0: WeightedSum(a, 1.0), 1: WeightedSum(b, 1.0)}
+    assert float((a + c + b)[0]) == 1.0 and float((a + b + c)[0]) == 0.0  # the orders differ: 1e8 + 1 rounds
+    ordered = in_agent_order(parts)
+    assert float(ordered.total[0]) == 0.0 and ordered.weight == 3.0
+    assert float(in_agent_order(dict(reversed(list(parts.items())))).total[0]) == 0.0
+
+
+def test_an_ordered_exchange_record_merges_in_any_tree_and_reduces_in_agent_order():
+    from mpca.runtime.record import ExchangeRecord
+
+    a, b, c = (np.array([v], np.float32) for v in (1e8, 1.0, -1e8))
+    recs = [ExchangeRecord(by_agent={i: WeightedSum(v, 1.0)}) for i, v in ((2, c), (0, a), (1, b))]
+    for merged in (recs[0].merge(recs[1]).merge(recs[2]), recs[2].merge(recs[0].merge(recs[1]))):
+        assert sorted(merged.by_agent) == [0, 1, 2]
+        assert float(merged.reduced().total[0]) == 0.0 and merged.reduced().weight == 3.0
+    tree = ExchangeRecord(partial=WeightedSum(a, 1.0))
+    assert tree.reduced() is tree.partial  # cluster.reduce: tree — the tree's own sum
+
+
 def _sources():
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
@@ -64,6 +86,8 @@ def _sources():
     (r"\.on_reduced\(|stage_lag\(|reduce_shard\(", "the 3-phase schedule (which shard, when it is staged)"),
     (r"absent\.(pop|update|add|discard)\(|absent\s*\|=|absent\[[^]]+\]\s*=", "the presence book's absent agents"),
     (r"def silent_agent_wait_s|SILENT_WAIT", "the bounded wait for a silent agent"),
+    (r"sorted\(\w*by_agent\w*\)", "the partials added in agent order"),
+    (r"\.taken\s*(<|>=|\+=)|awaiting\s*=", "the lock step's windows"),
 ])
 def test_no_driver_keeps_a_twin_of_the_core(pattern, what):
     """The runtime and the simulator use the exchange core (partials, the step, the service, the schedule, the

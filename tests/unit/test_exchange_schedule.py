@@ -8,7 +8,7 @@ import torch
 
 from mpca.algorithm.base import DriverRule
 from mpca.algorithm.weighted_sum import WeightedSum
-from mpca.exchange.schedule import PhaseSchedule
+from mpca.exchange.schedule import ExchangeEvent, PhaseSchedule
 
 
 class Recording(DriverRule):
@@ -127,3 +127,27 @@ def test_flush_applies_the_pending_reduction_and_releases_what_no_job_carries():
     schedule.flush()
     assert released == ["bc1"] and schedule.staged == {} and schedule.pending is None
     assert [(c, s) for c, s, _ in rule.reduced] == [(0, 0), (1, 1), (2, 2)]
+
+
+def test_the_schedule_logs_what_it_does_in_order():
+    """The events both drivers produce (the scenario test compares the runtime's with the simulator's)."""
+    rule = Recording(3)
+    schedule = PhaseSchedule(rule, lambda shard, vec: f"bc{shard}")
+    schedule.hand_in(7, 1, _sum(4.0, 2.0), {})
+    _run(schedule, 4)
+    schedule.flush()
+    ev = [(e.kind, e.cycle, e.shard) + ((e.agent,) if e.agent is not None else ()) for e in schedule.events]
+    assert ev == [("reduce", 0, 0), ("stage", 0, 0),  # the fill: staged at its close
+                  ("reduce", 1, 1), ("broadcast", 1, 0),
+                  ("reduce", 2, 2), ("hand_in", 1, 1, 7), ("stage", 1, 1),  # c1's staged while c2 runs
+                  ("reduce", 3, 0), ("broadcast", 3, 1), ("stage", 2, 2),
+                  ("stage", 3, 0)]  # the stop's flush
+    assert all(isinstance(e, ExchangeEvent) for e in schedule.events)
+
+
+def test_a_rejected_reduction_is_logged_as_such():
+    rule = Recording(1)
+    schedule = PhaseSchedule(rule, lambda shard, vec: "bc")
+    opened = schedule.open(0)
+    schedule.close(opened, WeightedSum(np.array([np.nan, 0.0], np.float32), 1.0))
+    assert [(e.kind, e.cycle, e.shard) for e in schedule.events] == [("reduce", 0, 0), ("rejected", 0, 0)]

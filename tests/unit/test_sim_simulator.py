@@ -418,3 +418,45 @@ def test_the_simulator_asks_the_algorithms_what_they_are_not_their_names():
                for i, line in enumerate(p.read_text(encoding="utf-8").splitlines())
                if re.search(rf"""name\s*(==|!=|in)\s*\(?[^)]*["']({names})["']""", line)]
     assert not by_name, f"the simulator tests algorithm names: {by_name}"
+
+
+# --------------------------------------------------------------------------- lock step (training.lock_step)
+def _joint_after(cycles, **kw):
+    sim = Simulator(config("mpca", agents=3, max_virtual_s=10_000.0, max_cycles=cycles, reduce="ordered", **kw))
+    result = sim.run()
+    return result, sim.joint_vectors()
+
+
+def test_in_lock_step_the_joint_model_does_not_depend_on_the_timing():
+    """Windows of 3 steps: a straggler, a slower network or another step time change when things happen, not what
+    is computed; without the lock step the straggler changes the bits."""
+    base, joint = _joint_after(6, lock_step=3)
+    assert len(base.cycles) == 6 and base.steps == 3 * 6 * 3  # 3 agents, 6 windows of 3 steps
+    for other in (dict(compute=ComputeModel(step_s=1.0, speeds={2: 0.25})),
+                  dict(compute=ComputeModel(step_s=0.1, jitter=0.3)),
+                  dict(network=NetworkConstants(job_overhead_s=3.0))):
+        result, again = _joint_after(6, lock_step=3, **other)
+        assert result.mean_cycle_s != base.mean_cycle_s, other  # the timing did change
+        assert all(torch.equal(a, b) for a, b in zip(joint, again)), other
+    _, free = _joint_after(6, compute=ComputeModel(step_s=1.0))
+    _, straggling = _joint_after(6, compute=ComputeModel(step_s=1.0, speeds={2: 0.25}))
+    assert not all(torch.equal(a, b) for a, b in zip(free, straggling))
+
+
+def test_lock_step_is_refused_for_agents_that_wait_for_the_driver_themselves():
+    with pytest.raises(ValueError, match="lock_step paces agents that never wait"):
+        Simulator(config({"name": "sync", "every": 3}, lock_step=3))
+
+
+def test_a_runs_membership_is_replayed_cycle_for_cycle():
+    from mpca.sim.presence import MembershipChange, replayed
+
+    # cycles 0-1 without agent 2 (late), joined after cycle 1; agent 1 lost from cycle 3, back after cycle 4
+    missing, joined = [[2], [2], [], [1], [1], []], [[], [2], [], [], [1], []]
+    script = replayed(missing, joined)
+    assert script == (MembershipChange(0, 2, "lost"), MembershipChange(1, 2, "joined"),
+                      MembershipChange(3, 1, "lost"), MembershipChange(4, 1, "joined"))
+    result = Simulator(config("mpca", agents=3, max_virtual_s=1e4, max_cycles=6, membership=script)).run()
+    assert [c.missing for c in result.cycles] == missing and [c.joined for c in result.cycles] == joined
+    with pytest.raises(ValueError, match="membership names agents"):
+        config("mpca", agents=2, membership=script)
