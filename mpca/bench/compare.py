@@ -99,10 +99,12 @@ def _top_level_items(spec: str) -> List[str]:
 def parse_variant(text: str) -> tuple:
     """``"push+pull=weaksync,c=3,pull_fraction=0.75"`` → ("push+pull", {"name": "weaksync", "c": 3, ...});
     values are read as YAML (numbers, true/false, null, and mappings such as ``alpha={hold_cycles: 0, target:
-    0.1}``, whose commas do not end the key=value)."""
+    0.1}``, whose commas do not end the key=value).  A dotted key is a run setting of that variant alone
+    (``lock=mpca,training.lock_step=5,cluster.reduce=ordered``), kept dotted in the mapping (:func:`run_settings`)."""
     import yaml
 
     from mpca.algorithm import build_algorithm
+    from mpca.config import Settings
 
     label, _, spec = text.partition("=")
     parts = _top_level_items(spec)
@@ -119,12 +121,39 @@ def parse_variant(text: str) -> tuple:
             raise ValueError(f"--variant {label}: {key.strip()}={value.strip()} is not a YAML value "
                              f"({getattr(e, 'problem', None) or e}); give a nested setting as a YAML mapping, "
                              f"e.g. alpha={{hold_cycles: 0, target: 0.1}}") from None
+    for dotted in [k for k in algo if "." in k]:
+        section, _, key = dotted.partition(".")
+        field = Settings.model_fields.get(section)
+        fields = getattr(field.annotation, "model_fields", {}) if field is not None else {}
+        if key not in fields:
+            raise ValueError(f"--variant {label}: {dotted} is not a run setting (SECTION.KEY of the job config, "
+                             f"e.g. training.lock_step)")
     try:
-        build_algorithm(algo)
+        build_algorithm({k: v for k, v in algo.items() if "." not in k})
     except Exception as e:  # pydantic's ValidationError or an unknown name: one line
         raise ValueError(f"--variant {label}: {str(e).splitlines()[0]}; " + "; ".join(
             f"{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in getattr(e, "errors", lambda: [])())) from None
     return label.strip(), algo
+
+
+def run_settings(settings, algorithm: dict):
+    """``settings`` with a variant's own run settings (its dotted keys, :func:`parse_variant`) applied, validated."""
+    from mpca.config import Settings
+    from mpca.errors import UserError
+
+    dotted = {k: v for k, v in algorithm.items() if "." in k}
+    if not dotted:
+        return settings
+    data = settings.model_dump()
+    data["algorithm"] = settings.algorithm.model_dump()
+    for key, value in dotted.items():
+        section, _, name = key.partition(".")
+        data[section][name] = value
+    try:
+        return Settings.model_validate(data)
+    except ValueError as e:  # pydantic's ValidationError: its first error's message, one line
+        why = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e).splitlines()[0]
+        raise UserError(f"--variant {algorithm['name']} with {dotted}: {why}") from None
 
 
 def figures(history) -> Dict[str, float]:
@@ -261,6 +290,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
     from mpca.trainer import Trainer
 
     metric = cfg.eval.metric
+    variant, algorithm = algorithm, {k: v for k, v in algorithm.items() if "." not in k}
     overrides = {"algorithm": algorithm, "stop": {"max_seconds": max_seconds, f"target_{metric}": min(targets)},
                  "eval": {"every_cycles": None, "every_seconds": max(0.5, max_seconds / 60), "metric": metric},
                  "checkpoint": {"dir": os.path.join(out, _dirname(label), "checkpoints"),
@@ -269,7 +299,8 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
         overrides["agents"] = 1
     if wire is not None:
         overrides["wire"] = {**cfg.wire.model_dump(), "format": wire}
-    settings = settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"}, **overrides)
+    settings = run_settings(settings_from(cfg, cluster={**cfg.cluster.model_dump(), "master": "existing"},
+                                          **overrides), variant)
     model_fn, loss_fn, optimizer_fn = training_functions(cfg.model, cfg.optimizer)
     slow = straggler is not None and not label.startswith("mpca:uncontested")
     if slow:
@@ -600,7 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device-speed", metavar="AGENT:SPEED", help="slow one agent, e.g. 1:0.5: its steps take "
                     "T / 0.5 (training.device_speed; Fig. 10c: compare --algorithms mpca,mpca:uniform,mpca:uncontested)")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL=NAME,key=value,...",
-                    help="an algorithm with its own settings under LABEL, e.g. 'push:2=weaksync,c=2' (repeatable)")
+                    help="an algorithm with its own settings under LABEL, e.g. 'push:2=weaksync,c=2', and run settings "
+                         "of its own as SECTION.KEY, e.g. 'lock=mpca,training.lock_step=5' (repeatable)")
     ap.add_argument("--wire", metavar="FORMAT,...", help="run every algorithm once per wire format, labelled "
                     "ALGO@FORMAT, e.g. fp32,int8 (mpca.algorithm.wire; one format: wire.format=FORMAT does the same "
                     "without the suffix)")

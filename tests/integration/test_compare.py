@@ -5,8 +5,9 @@ import math
 import pandas as pd
 import pytest
 
-from mpca.bench.compare import compare, parse_variant, time_to
-from mpca.config import load_config
+from mpca.bench.compare import compare, parse_variant, run_settings, time_to
+from mpca.config import load_config, settings_from
+from mpca.errors import UserError
 from mpca.report import strict_json
 
 pytestmark = pytest.mark.cluster()
@@ -24,7 +25,17 @@ def test_a_variant_is_a_label_and_an_algorithm_with_its_settings():
                                                                        "modulate": False}
     assert parse_variant("g=mpca,gamma={target: 1.5, ramp_cycles: 0},shards=2,alpha={peak: 0.4}")[1] == {
         "name": "mpca", "gamma": {"target": 1.5, "ramp_cycles": 0}, "shards": 2, "alpha": {"peak": 0.4}}
+    label, lock = parse_variant("lock=mpca,training.lock_step=5,cluster.reduce=ordered,shards=2")
+    assert (label, lock) == ("lock", {"name": "mpca", "training.lock_step": 5, "cluster.reduce": "ordered",
+                                      "shards": 2})
+    settings = run_settings(settings_from(None, stop={"max_cycles": 3}), lock)  # a variant's run settings applied
+    assert (settings.training.lock_step, settings.cluster.reduce) == (5, "ordered")
+    assert run_settings(settings, {"name": "mpca"}) is settings
+    with pytest.raises(UserError, match="wait for the driver's model themselves"):
+        run_settings(settings_from(None, algorithm="sync", stop={"max_cycles": 3}),
+                     {"name": "sync", "training.lock_step": 5})
     for bad, why in [("weaksync", "LABEL=NAME"), ("x=c=3", "LABEL=NAME"), ("x=weaksync,c", "key=value"),
+                     ("x=mpca,training.lock_stepp=5", "not a run setting"), ("x=mpca,nope.key=1", "not a run setting"),
                      ("x=nope", "unknown algorithm"), ("x=weaksync,pull_fraction=2", "pull_fraction"),
                      ("x=mpca,alpha={hold_cycles: 0, target: 1.0", "not a YAML value")]:
         with pytest.raises(ValueError, match=why):
