@@ -138,7 +138,6 @@ def parse_variant(text: str) -> tuple:
 
 def run_settings(settings, algorithm: dict):
     """``settings`` with a variant's own run settings (its dotted keys, :func:`parse_variant`) applied, validated."""
-    from mpca.config import Settings
     from mpca.errors import UserError
 
     dotted = {k: v for k, v in algorithm.items() if "." in k}
@@ -150,7 +149,7 @@ def run_settings(settings, algorithm: dict):
         section, _, name = key.partition(".")
         data[section][name] = value
     try:
-        return Settings.model_validate(data)
+        return type(settings).model_validate(data)  # a job's config keeps its own sections (run, model, ...)
     except ValueError as e:  # pydantic's ValidationError: its first error's message, one line
         why = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e).splitlines()[0]
         raise UserError(f"--variant {algorithm['name']} with {dotted}: {why}") from None

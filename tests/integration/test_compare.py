@@ -31,6 +31,8 @@ def test_a_variant_is_a_label_and_an_algorithm_with_its_settings():
     settings = run_settings(settings_from(None, stop={"max_cycles": 3}), lock)  # a variant's run settings applied
     assert (settings.training.lock_step, settings.cluster.reduce) == (5, "ordered")
     assert run_settings(settings, {"name": "mpca"}) is settings
+    job = run_settings(load_config(["conf/digits.yaml"], ["progress=off"]), lock)  # a job's config stays one
+    assert type(job).__name__ == "JobConfig" and job.training.lock_step == 5 and job.run is not None
     with pytest.raises(UserError, match="wait for the driver's model themselves"):
         run_settings(settings_from(None, algorithm="sync", stop={"max_cycles": 3}),
                      {"name": "sync", "training.lock_step": 5})
