@@ -379,15 +379,17 @@ class Campaign:
         return None
 
     def _hit_next_agent_up(self, fault: Fault) -> Optional[int]:
-        """Where the drawn agent has no process (its replacement is starting), the fault goes to the next agent in
-        order that has one — a cluster's faults hit whatever runs — and ``drawn_agent`` keeps the draw."""
-        for step in range(1, self.agents):
-            agent = (fault.agent + step) % self.agents
-            pid = self.agent_pid(agent)
-            if pid is not None:
-                fault.drawn_agent, fault.agent = fault.agent, agent
-                return pid
-        return None
+        """Where the drawn agent has no process (its replacement is starting), the fault goes to one of the agents
+        that have one, drawn uniformly (a cluster's faults hit whatever runs; the draw is seeded by the fault
+        itself, so a schedule replays the same), and ``drawn_agent`` keeps the first draw.  (Until 2026-12-03 it
+        went to the next agent in order, which gave the agent after a down one twice the share for K > 2.)"""
+        up = {a: self.agent_pid(a) for a in range(self.agents) if a != fault.agent}
+        up = {a: pid for a, pid in up.items() if pid is not None}
+        if not up:
+            return None
+        agent = random.Random(f"{fault.t}:{fault.kind}:{fault.agent}").choice(sorted(up))
+        fault.drawn_agent, fault.agent = fault.agent, agent
+        return up[agent]
 
     def _replace_worker(self, fault: Fault, noticed: float) -> None:
         """The cluster manager's side of a decommission: the worker stopped and a fresh one on its host."""

@@ -1,5 +1,6 @@
 """lab.campaign's rules, without Spark: the seeded schedule, when a fault counts as recovered, the summary; and
 lab.bad_frames' broken messages against a real channel server (a thread, no process)."""
+import collections
 import json
 import math
 import os
@@ -299,9 +300,9 @@ def test_a_decommission_whose_agent_is_being_replaced_is_tried_again_until_it_la
     assert never.injected_at is None and 2 <= len(tries) <= 3
 
 
-def test_a_fault_whose_agent_has_no_process_hits_the_next_agent_up_and_says_which_it_drew(tmp_path, monkeypatch):
+def test_a_fault_whose_agent_has_no_process_hits_an_agent_up_and_says_which_it_drew(tmp_path, monkeypatch):
     """Campaign.inject: on CI's machine 22 of 33 faults found their agent's replacement still starting and were
-    left out; now such a fault hits the next agent in order that has a process (``drawn_agent`` keeps the draw),
+    left out; now such a fault hits an agent that has a process (``drawn_agent`` keeps the draw),
     and one that finds none up is left out with the reason.  A decommission stays on its drawn agent (it leaves
     the run for good: the schedule keeps them on distinct agents)."""
     from lab.campaign import Campaign
@@ -325,6 +326,25 @@ def test_a_fault_whose_agent_has_no_process_hits_the_next_agent_up_and_says_whic
     campaign.inject(none_up)
     assert (none_up.agent, none_up.drawn_agent, none_up.injected_at, none_up.skipped) == \
         (1, None, None, "no agent process")
+
+
+def test_a_fault_whose_agent_is_down_is_drawn_uniformly_among_the_agents_up(tmp_path, monkeypatch):
+    """K = 4, agent 0's replacement starting: its faults go to agents 1, 2 and 3 alike (the next agent in order
+    had taken them all), and the same fault draws the same agent again."""
+    from lab.campaign import Campaign
+
+    campaign = Campaign(str(tmp_path), [], agents=4)
+    monkeypatch.setattr(campaign, "agent_pid", lambda agent: None if agent == 0 else 100 + agent)
+    hits = collections.Counter()
+    for i in range(600):
+        fault = Fault(float(i), "nan", 0)
+        assert campaign._hit_next_agent_up(fault) == 100 + fault.agent and fault.drawn_agent == 0
+        hits[fault.agent] += 1
+    assert sorted(hits) == [1, 2, 3] and all(160 <= n <= 240 for n in hits.values()), hits  # 200 each, ± 3σ (~35)
+    first, again = Fault(7.0, "nan", 0), Fault(7.0, "nan", 0)
+    campaign._hit_next_agent_up(first)
+    campaign._hit_next_agent_up(again)
+    assert again.agent == first.agent  # a schedule replays the same
 
 
 def test_a_replacement_s_start_is_the_median_from_its_executor_to_its_model_then_to_its_recovery():
