@@ -443,6 +443,23 @@ def test_in_lock_step_the_joint_model_does_not_depend_on_the_timing():
     assert not all(torch.equal(a, b) for a, b in zip(free, straggling))
 
 
+@pytest.mark.parametrize("algorithm", [{"name": "sync", "every": 6}, {"name": "diloco", "every": 6},
+                                       {"name": "streaming_diloco", "every": 6, "fragments": 2},
+                                       {"name": "delayed_diloco", "every": 6}])
+def test_agents_that_wait_for_the_driver_need_only_the_ordered_sum_to_ignore_the_timing(algorithm):
+    """Their rounds pace them: with cluster.reduce: ordered a straggler or another step time and job overhead
+    change when things happen, not what is computed (the scenario test checks sync and DiLoCo on Spark)."""
+    def joint(**kw):
+        sim = Simulator(config(algorithm, agents=3, max_virtual_s=1e4, max_cycles=12, reduce="ordered", **kw))
+        sim.run()
+        return sim.joint_vectors()
+
+    base = joint(compute=ComputeModel(step_s=1.0))
+    for other in (dict(compute=ComputeModel(step_s=1.0, speeds={2: 0.25})),
+                  dict(compute=ComputeModel(step_s=0.1, jitter=0.3), network=NetworkConstants(job_overhead_s=2.0))):
+        assert all(torch.equal(a, b) for a, b in zip(base, joint(**other))), other
+
+
 def test_lock_step_is_refused_for_agents_that_wait_for_the_driver_themselves():
     with pytest.raises(ValueError, match="lock_step paces agents that never wait"):
         Simulator(config({"name": "sync", "every": 3}, lock_step=3))
