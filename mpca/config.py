@@ -423,14 +423,9 @@ class Settings(_Strict):
         parameter service's, not those that pause for the driver's model themselves."""
         if self.training.lock_step is None:
             return
-        algo = self.algorithm
-        if algo.exchange != "cycle" or algo.collective:
-            raise ValueError(f"training.lock_step paces agents between the driver's exchange cycles; {algo.name}'s "
-                             "agents exchange without them: leave training.lock_step unset")
-        if algo.waits_for_driver:
-            raise ValueError(f"{algo.name}'s agents wait for the driver's model themselves (its rounds are lock "
-                             "steps already): leave training.lock_step unset (cluster.reduce: ordered makes its run "
-                             "reproducible)")
+        problem = self.algorithm.lock_step_problem()
+        if problem:
+            raise ValueError(problem)
         if self.data.stream:
             raise ValueError("training.lock_step needs every row before the first step (its ramp depends on when "
                              "rows arrive): set data.stream: false")

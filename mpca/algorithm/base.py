@@ -352,6 +352,17 @@ class Algorithm(BaseModel):
     def check_agents(self, agents: int) -> None:
         """Raise ValueError when this algorithm cannot run with ``agents`` agents."""
 
+    def lock_step_problem(self) -> Optional[str]:
+        """Why ``training.lock_step`` cannot pace this algorithm's agents (one line), or None: it paces agents that
+        exchange through the driver's cycles and never wait for the driver themselves (mpca.exchange.lock_step)."""
+        if self.exchange != "cycle" or self.collective:
+            return (f"training.lock_step paces agents between the driver's exchange cycles; {self.name}'s agents "
+                    "exchange without them: leave training.lock_step unset")
+        if self.waits_for_driver:
+            return (f"{self.name}'s agents wait for the driver's model themselves (its rounds are lock steps "
+                    "already): leave training.lock_step unset (cluster.reduce: ordered makes its run reproducible)")
+        return None
+
     def agent_factory(self) -> Callable[[AgentContext], AgentRule]:
         """A picklable callable building the agent rule on the executor (plain values only)."""
         raise NotImplementedError

@@ -26,20 +26,30 @@ def batch_seed(seed: int, agent: int) -> int:
 class BatchOrder:
     """An agent's batches: a new permutation of its ``rows`` every epoch from its own generator (seeded with
     ``seed``, :func:`batch_seed`; or ``gen``, one the agent has drawn from already), cut into batches of
-    ``batch_size`` (the last one of an epoch may be shorter)."""
+    ``batch_size`` (the last one of an epoch may be shorter); each epoch's order moved to ``device`` once (where
+    the rows are)."""
 
     def __init__(self, rows: int, batch_size: int, seed: Optional[int] = None,
-                 gen: Optional[torch.Generator] = None):
+                 gen: Optional[torch.Generator] = None, device: Optional[torch.device] = None):
         if (seed is None) == (gen is None):
             raise ValueError("a batch order takes a seed or a generator")
-        self.rows, self.batch_size = rows, batch_size
+        self.rows, self.batch_size, self.device = rows, batch_size, device
         self.gen = gen if gen is not None else torch.Generator().manual_seed(seed)
-        self.order = torch.randperm(rows, generator=self.gen)
+        self.order = self._permutation()
         self.lo = 0
 
+    def _permutation(self) -> torch.Tensor:
+        order = torch.randperm(self.rows, generator=self.gen)
+        return order if self.device is None else order.to(self.device)
+
+    @property
+    def epoch_done(self) -> bool:
+        """The epoch's last batch has been drawn (the next one starts a new permutation)."""
+        return self.lo >= self.rows
+
     def next(self) -> torch.Tensor:
-        if self.lo >= self.rows:
-            self.order, self.lo = torch.randperm(self.rows, generator=self.gen), 0
+        if self.epoch_done:
+            self.order, self.lo = self._permutation(), 0
         idx = self.order[self.lo:self.lo + self.batch_size]
         self.lo += self.batch_size
         return idx

@@ -224,7 +224,8 @@ class Agent:
                 time.sleep(0.02)
             ramped = self.loading is None or self._ramp(gen, bs)  # its rows all there (else: stopped, refused)
             n = self.features.shape[0]
-            batches = BatchOrder(n, bs, gen=gen) if n else None  # reshuffled every epoch, after the ramp's draws
+            device = None if self.data_on_host else self.device  # rows in file order on the host: indices sorted there
+            batches = BatchOrder(n, bs, gen=gen, device=device) if n else None  # after the ramp's draws
             while ramped and not self._should_stop():
                 if n == 0:  # an empty partition: nothing to learn from, contribute weight 0
                     time.sleep(0.05)
@@ -237,13 +238,13 @@ class Agent:
                     break
                 if self._fresh_batches:  # joined from the joint model: a fresh process's batches, as a replacement's
                     self._fresh_batches = False
-                    batches = BatchOrder(n, bs, batch_seed(self.spec.seed, self.id))
+                    batches = BatchOrder(n, bs, batch_seed(self.spec.seed, self.id), device=device)
                 idx = batches.next()
                 if self.data_on_host:  # rows in file order: fewer, longer reads from the page cache
                     self._timed_step(self.features, self.labels, idx.sort().values)
                 else:
-                    self._timed_step(self.features, self.labels, idx.to(self.device))
-                if batches.lo >= n and self._driver_gone():  # at each epoch's end
+                    self._timed_step(self.features, self.labels, idx)
+                if batches.epoch_done and self._driver_gone():
                     break
             if self.leaving:  # its executor is being decommissioned: hand in what it holds, then say so
                 hand_in(self)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, List, Literal, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -144,8 +144,9 @@ def check_supported(cfg: SimConfig) -> None:
         raise ValueError(f"the simulator does not run {name}: {REFUSED[name]}")
     cfg.algorithm.check_agents(cfg.agents)
     algo = cfg.algorithm
-    if cfg.lock_step is not None and (algo.exchange != "cycle" or algo.collective or algo.waits_for_driver):
-        raise ValueError(f"lock_step paces agents that never wait for the driver (mpca), not {name}'s")
+    problem = algo.lock_step_problem() if cfg.lock_step is not None else None
+    if problem:
+        raise ValueError(f"lock_step paces agents that never wait for the driver (mpca), not {name}'s: {problem}")
     if (cfg.absences or cfg.membership) and (algo.exchange != "cycle" or algo.collective
                                              or algo.scored_model != "joint"):
         raise ValueError(f"absent and joining agents are simulated for mpca, sync and diloco (the driver's exchange "
@@ -190,6 +191,9 @@ class Simulator:
         self.calibration = (work.calibration_rows(K) if algo.buffers != "average" and has_batchnorm(model)
                             else None)
         self.pipeline: Optional[VirtualPipeline] = None
+        self.script: Dict[Tuple[int, str], List[int]] = {}  # cfg.membership by (cycle, kind)
+        for change in cfg.membership:
+            self.script.setdefault((change.cycle, change.kind), []).append(change.agent)
         if algo.exchange == "cycle" and not self.ddp:
             self.pipeline = VirtualPipeline(self.clock, self.rule, K, self.codec, cfg.network, algo.cycle_interval_s,
                                             self._deliver, self._contribute, self.layout.shard_numel,
@@ -270,16 +274,14 @@ class Simulator:
 
     def _scripted_losses(self, cycle: int, t: float) -> None:
         """``cfg.membership``: the processes lost before ``cycle`` opens."""
-        for change in self.cfg.membership:
-            if change.cycle == cycle and change.kind == "lost":
-                self.presence.stop(Absence(change.agent, t, 1.0, "lost"))
-                self._lost(change.agent, t)
+        for agent in self.script.get((cycle, "lost"), ()):
+            self.presence.stop(Absence(agent, t, 1.0, "lost"))
+            self._lost(agent, t)
 
     def _scripted_joins(self, cycle: int, t: float) -> None:
         """``cfg.membership``: the replacements up to join as ``cycle`` ends."""
-        for change in self.cfg.membership:
-            if change.cycle == cycle and change.kind == "joined":
-                self.presence.replacement_up(change.agent, t)
+        for agent in self.script.get((cycle, "joined"), ()):
+            self.presence.replacement_up(agent, t)
 
     def _join(self, agents: List[int], params: dict, t: float) -> None:
         """The runtime's join (``Agent._join``): a fresh process of each replacement takes every shard of the
@@ -293,7 +295,7 @@ class Simulator:
                 for s, p in enumerate(pieces):
                     torch._foreach_copy_(ag.shards.views(s), p)
             ag.rule.joined(pieces, params, state)  # a rule copies what it keeps
-            ag.rule.on_reset()  # (a fresh process: a fresh lock-step window)
+            ag.rule.on_reset()
             self.presence.joined([a])
             self._later(t, a, self._step)
 
