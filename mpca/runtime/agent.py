@@ -140,7 +140,7 @@ class Agent:
         self.device_clock = DeviceClock(self._device_step_s(spec.training))  # real compute; emulated idle time
         # training.lock_step: windows of exactly that many steps per cycle (mpca.exchange.lock_step)
         self.pace = (PacedWindows(spec.training.lock_step, self._should_stop) if spec.training.lock_step else None)
-        self._fresh_batches = False  # set by a join: the training loop starts its batch order afresh
+        self.joins = 0  # joins from the joint model so far: a batch drawn before one is not stepped on after it
         self.last_loss = float("nan")
         self.claimed_tokens = collections.deque(maxlen=64)  # one claim per token (a cycle has a token per task kind)
         self.last_contact = time.time()
@@ -220,6 +220,7 @@ class Agent:
         if self.spec.training.agent_cpus:
             os.sched_setaffinity(0, self.spec.training.agent_cpus)  # on Linux: this (training) thread only
         try:
+            batches_of = self.joins  # the joins the process's own batch order follows (a join starts it afresh)
             while self.joining and not self._should_stop():  # a replacement: no steps before the joint model
                 time.sleep(0.02)
             ramped = self.loading is None or self._ramp(gen, bs)  # its rows all there (else: stopped, refused)
@@ -236,14 +237,14 @@ class Agent:
                     time.sleep(0.02)
                 if self._should_stop():
                     break
-                if self._fresh_batches:  # joined from the joint model: a fresh process's batches, as a replacement's
-                    self._fresh_batches = False
-                    batches = BatchOrder(n, bs, batch_seed(self.spec.seed, self.id), device=device)
+                joins = self.joins
+                if joins != batches_of:  # joined from the joint model: a fresh process's batches, as a replacement's
+                    batches, batches_of = BatchOrder(n, bs, batch_seed(self.spec.seed, self.id), device=device), joins
                 idx = batches.next()
                 if self.data_on_host:  # rows in file order: fewer, longer reads from the page cache
-                    self._timed_step(self.features, self.labels, idx.sort().values)
+                    self._timed_step(self.features, self.labels, idx.sort().values, joins)
                 else:
-                    self._timed_step(self.features, self.labels, idx)
+                    self._timed_step(self.features, self.labels, idx, joins)
                 if batches.epoch_done and self._driver_gone():
                     break
             if self.leaving:  # its executor is being decommissioned: hand in what it holds, then say so
@@ -252,22 +253,23 @@ class Agent:
         except Exception:
             self.error = f"agent {self.id} training failed:\n{traceback.format_exc()}"
 
-    def _timed_step(self, features: torch.Tensor, labels: torch.Tensor, idx: torch.Tensor) -> None:
-        """One training step on rows ``idx`` (moved to the device where they are not there), on the emulated
-        device's clock, then the rule's hook between steps; in lock step, within the cycle's window."""
+    def _timed_step(self, features: torch.Tensor, labels: torch.Tensor, idx: torch.Tensor, joins: int) -> bool:
+        """One training step on rows ``idx`` (moved to the device where they are not there), drawn after join
+        number ``joins``, on the emulated device's clock, then the rule's hook between steps; in lock step, within
+        the cycle's window.  False where it was not taken (stopping, or a join came since the batch was drawn)."""
         if self.pace is not None:
             self.pace.before_step()
             if self._should_stop():
-                return
+                return False
         started = self.device_clock.start(self.exchange_s)
         x, y = features[idx], labels[idx]
-        self.step(x.to(self.device), y.to(self.device))
-        if self.pace is not None:
-            self.pace.stepped()
+        if not self.step(x.to(self.device), y.to(self.device), joins):
+            return False
         self.device_clock.finish(started, self.exchange_s)  # unlocked: the exchange is served meanwhile
         t = time.perf_counter()
         self.rule.between_steps()  # may wait for a round or talk to the parameter service
         self.exchange_s += time.perf_counter() - t
+        return True
 
     def _driver_gone(self) -> bool:
         if time.time() - self.last_contact > self.spec.idle_timeout_s:
@@ -304,8 +306,9 @@ class Agent:
                     return False
                 continue
             features, labels = loading.view()
-            self._timed_step(features, labels, torch.randint(want, (bs,), generator=gen))
-            r += 1
+            joins = self.joins
+            if self._timed_step(features, labels, torch.randint(want, (bs,), generator=gen), joins):
+                r += 1
         if self._should_stop():
             return False
         features, labels = loading.rows()
@@ -330,16 +333,24 @@ class Agent:
             with self._waiting_lock:
                 self._waiting -= 1
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def step(self, x: torch.Tensor, y: torch.Tensor, joins: Optional[int] = None) -> bool:
+        """One step on batch ``(x, y)``, under the step lock; False (not taken) while the agent waits for the joint
+        model, or where a join came after the batch was drawn (``joins``: the joins it was drawn after) — a join
+        starts the batch order afresh, as a replacement process's.  In lock step the window counts the step
+        before the lock is released, so a join between the two cannot count it in its fresh window."""
         while self._waiting:  # a request of the exchange is waiting for the lock: let it in first
             time.sleep(0.0002)
         with self.lock:
+            if self.joining or (joins is not None and joins != self.joins):
+                return False
             loss = forward_backward(self.rule, self.model, self.optimizer, self.spec.loss_fn, x, y)
             t = time.perf_counter()
             self.rule.after_backward()  # e.g. DDP's all-reduce
             self.exchange_s += time.perf_counter() - t
             optimizer_step(self.rule, self.optimizer)
             self.steps += 1
+            if self.pace is not None:
+                self.pace.stepped()
             self.samples += int(x.shape[0])
             if self.steps % 10 == 0 or self.steps == 1:  # every 10 steps (a device sync), and the first one
                 self.last_loss = float(loss.detach())
@@ -347,6 +358,7 @@ class Agent:
                     self._reset(f"loss {self.last_loss} at step {self.steps}")
         if self.service is not None:
             self.last_contact = time.time()  # agent-initiated: a dead driver fails the next service request
+        return True
 
     def _reset(self, why: str) -> None:
         """Numerical fault (lock held): back to the latest joint model this agent received (the initial one for
@@ -443,7 +455,7 @@ class Agent:
             self.rule.ctx.optimizer = self.optimizer
             self.rule.on_reset()
             self.joining = False
-            self._fresh_batches = True
+            self.joins += 1
             if self.pace is not None:
                 self.pace.reset()
         log.info("agent %s (attempt %d) joined from the joint model", self.id, self.attempt)

@@ -350,6 +350,28 @@ def test_an_agent_the_driver_knows_as_another_process_stops_and_waits_for_the_jo
     assert not a.joining and torch.equal(torch.cat([a.shards.read(s) for s in range(2)]), joint)
 
 
+
+def test_a_batch_drawn_before_a_join_is_not_stepped_on_after_it_and_a_step_counts_in_its_own_window():
+    """The training loop draws a batch, then may wait (the lock-step window closed): a join meanwhile starts the
+    batch order afresh, so the old draw is dropped, not stepped on in the fresh window.  The window counts a step
+    under the step lock, so a join that lands right after the step cannot count it in the fresh window."""
+    m = _model()
+    spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
+                     optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), initial=InitialModel.shipping(m),
+                     algorithm=MPCA(shards=2), data=DataSection(input_shape=[3]),
+                     training=TrainingSection(batch_size=2, lock_step=2), wire=FP32)
+    a = Agent(spec, 0, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+    x, y = torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)
+    assert a.step(x, y, a.joins) and a.steps == 1 and a.pace.gate.taken == 1  # counted by the step itself
+    drawn = a.joins
+    a.handle({"op": "yield", "shard": 0, "cycle": 3, "rejoin": True}, b"")  # the driver knew another process
+    assert a.joining and not a.step(x, y, drawn) and a.steps == 1  # no steps until it holds the joint model
+    joint = torch.zeros(spec.layout.total_numel)
+    a.handle({"op": "join", "shard": None, "cycle": 3, "params": {"alpha": 0.1}}, bytearray(joint.numpy().tobytes()))
+    assert a.joins == drawn + 1 and a.pace.gate.taken == 0
+    assert not a.step(x, y, drawn) and a.steps == 1 and a.pace.gate.taken == 0  # drawn before the join: dropped
+    assert a.step(x, y, a.joins) and a.steps == 2 and a.pace.gate.taken == 1
+
 def _emulated_agent(step_s, device_speed=None):
     m = _model()
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
