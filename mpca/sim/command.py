@@ -45,7 +45,8 @@ def parse_overrides(items: List[str]) -> Dict[str, object]:
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key.startswith("algorithm."):
-            raise UserError(f"override {item!r}: expected algorithm.KEY=VALUE")
+            raise UserError(f"override {item!r}: expected algorithm.KEY=VALUE (with --config: any SECTION.KEY=VALUE "
+                            "of the job)")
         node = out
         parts = key.split(".")[1:]
         for p in parts[:-1]:
@@ -64,39 +65,63 @@ def add_exchange_cpu_arguments(p: argparse.ArgumentParser) -> None:
                         "each host its own)")
 
 
+# Options that a run's settings spell (the setting, and the default without --config): with --config the job's
+# YAML and its SECTION.KEY=VALUE overrides give them, as mpca train reads them — one spelling of each
+RUN_OPTIONS = {"algorithm": ("algorithm.name", "mpca"), "agents": ("training.agents", 4),
+               "device_step_s": ("training.device_step_s", 0.3), "device_speed": ("training.device_speed", ""),
+               "wire": ("wire.format", None), "max_seconds": ("stop.max_seconds", 120.0),
+               "max_cycles": ("stop.max_cycles", None), "lock_step": ("training.lock_step", None),
+               "reduce": ("cluster.reduce", "tree"), "batch_size": ("training.batch_size", 64), "seed": ("seed", 0),
+               "agent_wait": ("cluster.agent_wait_s", None)}
+# the teacher MLP's task (without --config): with --config the job's own model trains on a sample of its rows
+TEACHER_OPTIONS = {"hidden": "1024,1024", "lr": 1e-3, "task_seed": None, "holdout_split": None}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--algorithm", "-a", default="mpca", help="algorithm name (mpca, sync, diloco, easgd, ...)")
-    p.add_argument("--agents", "-k", type=int, default=4)
+    p.add_argument("--config", "-c", action="append", default=[], metavar="YAML",
+                   help="the job's YAML, as mpca train -c (repeatable, later files win): its algorithm, training, "
+                        "wire, cluster, stop and seed settings, and its model trained on a sample of its rows "
+                        "(--rows per agent, --holdout); SECTION.KEY=VALUE overrides after the options")
+    p.add_argument("--algorithm", "-a", default=None, help="algorithm name (mpca, sync, diloco, easgd, ...; "
+                   "default mpca)")
+    p.add_argument("--agents", "-k", type=int, default=None, help="training.agents (default 4)")
     p.add_argument("--link", default="100mbit", help="every host's port: 100mbit, 1gbit, 10gbit, inf")
-    p.add_argument("--device-step-s", type=float, default=0.3, metavar="SECONDS",
-                   help="T: every agent's step takes this device time (training.device_step_s)")
+    p.add_argument("--device-step-s", type=float, default=None, metavar="SECONDS",
+                   help="T: every agent's step takes this device time (training.device_step_s; default 0.3)")
     p.add_argument("--jitter", type=float, default=0.0, help="log-normal σ of the step time (0: fixed)")
-    p.add_argument("--device-speed", default="", metavar="AGENT:SPEED,...",
+    p.add_argument("--device-speed", default=None, metavar="AGENT:SPEED,...",
                    help="stragglers, e.g. 1:0.5: agent 1's steps take T / 0.5 (training.device_speed)")
     refuse_renamed(p, "--step-s", "--speeds")
     p.add_argument("--wire", default=None, help="fp32, bf16, int8 or int4 (default: the algorithm's: int8 for mpca, "
                    "int4 for streaming_diloco, fp32 otherwise)")
-    p.add_argument("--max-seconds", type=float, default=120.0, help="virtual seconds at most")
+    p.add_argument("--max-seconds", type=float, default=None, help="virtual seconds at most (stop.max_seconds; "
+                   "default 120)")
     p.add_argument("--max-cycles", type=int, default=None, metavar="N",
                    help="stop.max_cycles: end after N exchange cycles (the joint model then takes every reduction)")
     p.add_argument("--lock-step", type=int, default=None, metavar="STEPS",
                    help="training.lock_step: each agent takes exactly STEPS steps per cycle (a reproducible run)")
-    p.add_argument("--reduce", choices=["tree", "ordered"], default="tree",
-                   help="cluster.reduce: tree (treeReduce's levels) or ordered (the partials added in agent order)")
+    p.add_argument("--reduce", choices=["tree", "ordered"], default=None,
+                   help="cluster.reduce: tree (treeReduce's levels, the default) or ordered (the partials added in "
+                        "agent order)")
     p.add_argument("--eval-every", type=float, default=5.0, help="virtual seconds between evaluations")
-    p.add_argument("--targets", default="0.5,0.4", help="holdout errors, comma-separated")
-    p.add_argument("--hidden", default="1024,1024", help="the MLP's hidden widths (1024,1024: the benchmark's)")
-    p.add_argument("--rows", type=int, default=20_000, help="teacher rows per agent")
-    p.add_argument("--holdout", type=int, default=2_000, help="holdout rows (after the agents' rows)")
+    p.add_argument("--targets", default=None, help="holdout errors (or losses, eval.metric: loss), comma-separated "
+                   "(default: the job's stop target with --config, else 0.5,0.4)")
+    p.add_argument("--hidden", default=None, help="the teacher MLP's hidden widths (default 1024,1024: the "
+                   "benchmark's)")
+    p.add_argument("--rows", type=int, default=20_000, help="rows per agent (the teacher's, or a sample of the job's)")
+    p.add_argument("--holdout", type=int, default=None, help="holdout rows (after the agents' rows; default 2000; "
+                   "with --config: the job's own holdout where it has one, else its data.holdout share of the rows "
+                   "read)")
     p.add_argument("--holdout-split", type=int, default=None, metavar="ROWS",
                    help="evaluate on the runtime's holdout instead: the rows of the task's first ROWS that the "
                         "trainer's hash split (data.holdout 1%%, seed 0) holds out, which the agents never train on "
                         "(1000000 with --task-seed 0: the holdout of bench compare's task)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=None, help="the teacher MLP's Adam learning rate (default 1e-3)")
+    p.add_argument("--batch-size", type=int, default=None, help="training.batch_size (default 64)")
     p.add_argument("--job-overhead", type=float, default=None, help="seconds per Spark job (default: the constant)")
     add_exchange_cpu_arguments(p)
-    p.add_argument("--seed", type=int, default=0, help="the run's seed: initial model, batch order, step jitter")
+    p.add_argument("--seed", type=int, default=None, help="the run's seed: initial model, batch order, step jitter "
+                   "(default 0)")
     p.add_argument("--hang", action="append", default=[], metavar="AGENT:AT:FOR",
                    help="agent AGENT's process stops AT virtual seconds into the run for FOR seconds, then resumes "
                         "(repeatable)")
@@ -117,41 +142,105 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the teacher task's seed (default: --seed; 0 is the benchmark's task, conf/teacher_mlp.yaml): "
                         "keep it fixed and vary --seed to see one task's run-to-run spread")
     p.add_argument("--json", default=None, help="write the result here as JSON")
-    p.add_argument("overrides", nargs="*", help="algorithm.KEY=VALUE, e.g. algorithm.every=20")
+    p.add_argument("overrides", nargs="*", help="algorithm.KEY=VALUE, e.g. algorithm.every=20 (with --config: any "
+                   "SECTION.KEY=VALUE of the job, as mpca train takes them)")
+
+
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _given(args, names) -> List[str]:
+    return [n for n in names if getattr(args, n) is not None]
 
 
 def config_from(args) -> SimConfig:
     """A validated :class:`SimConfig`; every mistake as one UserError line."""
-    from mpca.sim.simulator import SimConfig  # torch: imported when a simulation runs, not when the parser is built
-    from mpca.sim.workload import TeacherWorkload
-
     try:
-        net = NetworkConstants(link_bps=parse_rate(args.link), exchange_cpu_s_per_mb=args.exchange_cpu,
-                               host_cores=args.host_cores)
-        if args.job_overhead is not None:
-            net = NetworkConstants(**{**net.to_dict(), "job_overhead_s": args.job_overhead})
-        hidden = tuple(int(h) for h in args.hidden.split(",") if h.strip())
-        return SimConfig(algorithm={"name": args.algorithm, **parse_overrides(args.overrides)}, agents=args.agents,
-                         wire=args.wire, network=net,
-                         compute=ComputeModel(step_s=args.device_step_s, jitter=args.jitter,
-                                              speeds=parse_device_speed(args.device_speed),
-                                              seed=args.seed),
-                         workload=TeacherWorkload(hidden=hidden, rows_per_agent=args.rows, holdout=args.holdout, lr=args.lr,
-                                                   seed=args.seed if args.task_seed is None else args.task_seed,
-                                                   split_rows=args.holdout_split),
-                         batch_size=args.batch_size, max_virtual_s=args.max_seconds, eval_every_s=args.eval_every,
-                         targets=tuple(parse_floats(args.targets)), seed=args.seed,
-                         absences=tuple([Absence.parse(h, "hang") for h in args.hang] +
-                                        [Absence.parse(x, "lost") for x in args.lose]),
-                         agent_wait_s=args.agent_wait, startup_s=args.startup,
-                         agent_starts_s=tuple(parse_floats(args.agent_starts)), lock_step=args.lock_step,
-                         reduce=args.reduce, max_cycles=args.max_cycles)
+        return _config_of_job(args) if args.config else _config_of_options(_with_defaults(args))
+    except UserError:
+        raise
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "settings"
         raise UserError(f"simulate: {where}: {first['msg']}") from None
     except ValueError as e:
         raise UserError(f"simulate: {str(e).splitlines()[0]}") from None
+
+
+def _with_defaults(args):
+    """Without ``--config``: the defaults of the options a job would spell."""
+    for name, (_, default) in RUN_OPTIONS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    for name, default in TEACHER_OPTIONS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if args.targets is None:
+        args.targets = "0.5,0.4"
+    if args.holdout is None:
+        args.holdout = 2_000
+    return args
+
+
+def _network(args) -> NetworkConstants:
+    net = NetworkConstants(link_bps=parse_rate(args.link), exchange_cpu_s_per_mb=args.exchange_cpu,
+                           host_cores=args.host_cores)
+    if args.job_overhead is not None:
+        net = NetworkConstants(**{**net.to_dict(), "job_overhead_s": args.job_overhead})
+    return net
+
+
+def _absences(args) -> tuple:
+    return tuple([Absence.parse(h, "hang") for h in args.hang] + [Absence.parse(x, "lost") for x in args.lose])
+
+
+def _config_of_job(args) -> SimConfig:
+    """``--config``: the run's settings from the job's YAML and its overrides (:func:`mpca.config.load_config`, as
+    ``mpca train`` reads them: :meth:`SimConfig.from_settings`), the job's model on a sample of its rows; the
+    simulator's own options (link, jitter, absences, evaluation, start-up) from the command line."""
+    from mpca.config import load_config
+    from mpca.sim.simulator import SimConfig, unsimulated
+    from mpca.sim.workload import job_workload
+
+    twice = _given(args, RUN_OPTIONS)
+    if twice:
+        name = twice[0]
+        raise UserError(f"simulate: {_option(name)} and --config: the job spells it {RUN_OPTIONS[name][0]}; give "
+                        f"{RUN_OPTIONS[name][0]}=VALUE after the options instead")
+    teacher = _given(args, TEACHER_OPTIONS)
+    if teacher:
+        raise UserError(f"simulate: {_option(teacher[0])} is the teacher MLP's task; with --config the job's own "
+                        "model trains (drop it)")
+    job = load_config(args.config, args.overrides)  # a UserError names the key
+    problem = unsimulated(job)
+    if problem:  # before the job's rows are read
+        raise UserError(f"simulate: {problem}")
+    K = job.training.agents
+    work = job_workload(job, args.rows * K, args.holdout).split(K, args.rows * K)
+    own = {} if args.targets is None else {"targets": tuple(parse_floats(args.targets))}
+    return SimConfig.from_settings(job, jitter=args.jitter, network=_network(args), workload=work,
+                                   eval_every_s=args.eval_every, absences=_absences(args), startup_s=args.startup,
+                                   agent_starts_s=tuple(parse_floats(args.agent_starts)), **own)
+
+
+def _config_of_options(args) -> SimConfig:
+    from mpca.sim.simulator import SimConfig  # torch: imported when a simulation runs, not when the parser is built
+    from mpca.sim.workload import TeacherWorkload
+
+    hidden = tuple(int(h) for h in args.hidden.split(",") if h.strip())
+    return SimConfig(algorithm={"name": args.algorithm, **parse_overrides(args.overrides)}, agents=args.agents,
+                     wire=args.wire, network=_network(args),
+                     compute=ComputeModel(step_s=args.device_step_s, jitter=args.jitter,
+                                          speeds=parse_device_speed(args.device_speed), seed=args.seed),
+                     workload=TeacherWorkload(hidden=hidden, rows_per_agent=args.rows, holdout=args.holdout, lr=args.lr,
+                                              seed=args.seed if args.task_seed is None else args.task_seed,
+                                              split_rows=args.holdout_split),
+                     batch_size=args.batch_size, max_virtual_s=args.max_seconds, eval_every_s=args.eval_every,
+                     targets=tuple(parse_floats(args.targets)), seed=args.seed, absences=_absences(args),
+                     agent_wait_s=args.agent_wait, startup_s=args.startup,
+                     agent_starts_s=tuple(parse_floats(args.agent_starts)), lock_step=args.lock_step,
+                     reduce=args.reduce, max_cycles=args.max_cycles)
 
 
 def run(args) -> int:

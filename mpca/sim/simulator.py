@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Dict, List, Literal, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -57,12 +57,38 @@ from mpca.sim.result import HistoryRow, SimResult
 from mpca.sim.service import SimServiceClient
 from mpca.sim.workload import TeacherWorkload, Workload
 
+if TYPE_CHECKING:
+    from mpca.config import Settings
+
 REFUSED = {
     "rudra-hardsync": "its server waits inside serve() for every learner's gradient of a timestamp, which one "
                       "thread in virtual time cannot do (use rudra-softsync or rudra-async)",
     "weaksync": "its server's partial pull waits inside serve() for other workers' pushes and on the wall clock "
                 "(τ1, τ2), which one thread in virtual time cannot do",
 }
+
+
+def unsimulated(settings: "Settings") -> Optional[str]:
+    """What in a run's settings the simulator cannot run (one line naming the setting), or None."""
+    t = settings.training
+    if t.elastic:
+        return (f"training.agents {t.min_agents}-{t.agents} is a range (an elastic run): the simulator runs a fixed "
+                "number of agents (a run's joins replay as membership); give one count")
+    if t.device_step_s is None:
+        return ("training.device_step_s is not set: the simulator needs the device's step time "
+                "(training.device_step_s=SECONDS)")
+    if settings.cluster.reduce == "scatter":
+        return ("cluster.reduce: scatter (contributions reduce-scattered over the executors) is not simulated: "
+                "give tree or ordered")
+    return None
+
+
+# SimConfig's fields that a run's settings spell (SimConfig.from_settings): where
+RUN_SPELLED = {"algorithm": "algorithm", "agents": "training.agents", "batch_size": "training.batch_size",
+               "lock_step": "training.lock_step", "compute": "training.device_step_s and training.device_speed",
+               "wire": "wire.format", "wire_block": "wire.block", "reduce": "cluster.reduce",
+               "agent_wait_s": "cluster.agent_wait_s", "max_cycles": "stop.max_cycles",
+               "max_virtual_s": "stop.max_seconds", "metric": "eval.metric", "seed": "seed"}
 
 
 class SimConfig(BaseModel):
@@ -106,6 +132,35 @@ class SimConfig(BaseModel):
     @classmethod
     def _build(cls, v: Any) -> Algorithm:
         return build_algorithm(v)
+
+    @classmethod
+    def from_settings(cls, settings: "Settings", jitter: float = 0.0, **own: Any) -> "SimConfig":
+        """The simulation of a run's settings (:class:`mpca.config.Settings`: a job's YAML as ``mpca train`` reads
+        it), each taken where the run spells it: ``algorithm``; ``training.agents``, ``batch_size``, ``lock_step``,
+        ``device_step_s`` and ``device_speed`` (the compute model's T and its stragglers); ``wire.format`` and
+        ``block``; ``cluster.reduce`` and ``agent_wait_s``; ``stop.max_cycles``, ``max_seconds`` (virtual seconds
+        here) and its target; ``eval.metric``; ``seed``.  ``jitter`` (the step time's log-normal σ) and ``own`` are
+        the simulator's own fields, which no run setting spells (the network, the workload, ``eval_every_s``,
+        ``targets``, absences ...); a field the run spells is refused (ValueError naming its setting)."""
+        t, stop = settings.training, settings.stop
+        twice = sorted(k for k in own if k in RUN_SPELLED)
+        if twice:
+            raise ValueError(f"{twice[0]} is the run's {RUN_SPELLED[twice[0]]}: set it there")
+        problem = unsimulated(settings)
+        if problem:
+            raise ValueError(problem)
+        fields: Dict[str, Any] = dict(
+            algorithm=settings.algorithm, agents=t.agents, batch_size=t.batch_size, lock_step=t.lock_step,
+            compute=ComputeModel(step_s=t.device_step_s, jitter=jitter, speeds=dict(t.device_speed),
+                                 seed=settings.seed),
+            wire=settings.wire.format, wire_block=settings.wire.block, reduce=settings.cluster.reduce,
+            agent_wait_s=settings.cluster.agent_wait_s, max_cycles=stop.max_cycles, metric=settings.eval.metric,
+            seed=settings.seed)
+        if stop.max_seconds is not None:
+            fields["max_virtual_s"] = stop.max_seconds
+        if stop.target is not None and "targets" not in own:
+            fields["targets"] = (stop.target,)
+        return cls(**fields, **own)
 
     @field_validator("targets")
     @classmethod
@@ -438,4 +493,5 @@ def simulate(cfg: SimConfig) -> SimResult:
     return Simulator(cfg).run()
 
 
-__all__: List[str] = ["REFUSED", "SimConfig", "Simulator", "check_supported", "simulate"]
+__all__: List[str] = ["REFUSED", "RUN_SPELLED", "SimConfig", "Simulator", "check_supported", "simulate",
+                       "unsimulated"]

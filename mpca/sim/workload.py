@@ -200,16 +200,19 @@ class SampleWorkload:
         return self.x[:self.calibration]
 
 
-def job_workload(job, rows: int, holdout: int) -> SampleWorkload:
+def job_workload(job, rows: int, holdout: Optional[int]) -> SampleWorkload:
     """A job's (:class:`~mpca.config.JobConfig`) own task: its model, loss and optimizer, ``rows`` of its training
     rows read on this machine, and its held-out rows (its own where it has them, else ``holdout`` rows of the sample
-    set aside, disjoint from the training ones)."""
+    set aside, disjoint from the training ones; None: the job's ``data.holdout`` share of the rows read, at most
+    ``data.holdout_max_rows``, as its run holds out)."""
     from mpca.data.sample import local_holdout, local_sample
     from mpca.models import training_functions
 
     model_fn, loss_fn, optimizer_fn = training_functions(job.model, job.optimizer)
-    own = local_holdout(job.data, holdout)
-    x, y = local_sample(job.data, rows + (0 if own else holdout))
+    own = local_holdout(job.data, job.data.holdout_max_rows if holdout is None else holdout)
+    x, y = local_sample(job.data, rows + (0 if own or holdout is None else holdout))
+    if own is None and holdout is None:
+        holdout = min(job.data.holdout_max_rows, max(1, int(job.data.holdout * len(y))))
     if own is None:
         if len(y) <= holdout:
             raise ValueError(f"the job's data has {len(y)} rows: too few to set {holdout} aside and train on the rest")

@@ -22,6 +22,7 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, says, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err and "Traceback" not in err
+    assert "simulate: simulate:" not in err, err  # said once, not wrapped twice
 
 
 def test_a_short_simulation_prints_the_constants_and_writes_json(tmp_path, capsys):
@@ -100,3 +101,65 @@ def test_hang_and_lose_become_the_simulations_absences_and_the_table_says_who_wa
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("agents away: agent 0 missing from") and "agent 1 missing from" in line
     assert "agent 0 joined from the joint model at" in line
+
+
+DIGITS = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "conf" / "digits.yaml")
+
+
+def test_a_runs_settings_are_the_simulations_each_where_the_run_spells_it():
+    """SimConfig.from_settings: every simulated setting from the run's own section; one the run spells is refused
+    as a simulator field, and what the simulator cannot run (an elastic range, no device step, scatter) is one
+    line naming the setting."""
+    from mpca.config import Settings
+    from mpca.sim.simulator import SimConfig
+
+    run = Settings.model_validate({
+        "training": {"agents": 3, "batch_size": 16, "lock_step": 4, "device_step_s": 0.05, "device_speed": {2: 0.5}},
+        "algorithm": {"name": "mpca", "shards": 2}, "wire": {"format": "bf16", "block": 128},
+        "cluster": {"reduce": "ordered", "agent_wait_s": 2.5},
+        "stop": {"max_cycles": 9, "max_seconds": 40, "target_loss": 1.5}, "eval": {"metric": "loss"}, "seed": 3})
+    cfg = SimConfig.from_settings(run, jitter=0.1, eval_every_s=2.0)
+    assert (cfg.algorithm.name, cfg.algorithm.shards, cfg.agents, cfg.batch_size, cfg.lock_step) == ("mpca", 2, 3, 16, 4)
+    assert (cfg.compute.step_s, cfg.compute.speeds, cfg.compute.jitter, cfg.compute.seed) == (0.05, {2: 0.5}, 0.1, 3)
+    assert (cfg.wire, cfg.wire_block, cfg.reduce, cfg.agent_wait_s) == ("bf16", 128, "ordered", 2.5)
+    assert (cfg.max_cycles, cfg.max_virtual_s, cfg.targets, cfg.metric, cfg.seed) == (9, 40.0, (1.5,), "loss", 3)
+    assert cfg.eval_every_s == 2.0
+    with pytest.raises(ValueError, match="agents is the run's training.agents: set it there"):
+        SimConfig.from_settings(run, agents=4)
+    for section, says in [({"training": {"agents": "2-3", "device_step_s": 0.1}}, "training.agents 2-3 is a range"),
+                          ({"training": {"agents": 2}}, "training.device_step_s is not set"),
+                          ({"training": {"device_step_s": 0.1}, "cluster": {"reduce": "scatter"}},
+                           "cluster.reduce: scatter")]:
+        with pytest.raises(ValueError, match=says):
+            SimConfig.from_settings(Settings.model_validate(section))
+
+
+def test_simulate_with_a_job_config_runs_the_jobs_settings_and_model(tmp_path, capsys):
+    """``mpca simulate -c job.yaml SECTION.KEY=VALUE``: the settings as mpca train reads them, the job's own model
+    trained on a sample of its rows."""
+    out = tmp_path / "sim.json"
+    code = main(["simulate", "-c", DIGITS, "--rows", "300", "--json", str(out),
+                 "training.device_step_s=0.05", "stop.max_seconds=4", "algorithm.name=sync", "algorithm.sync.every=5"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "sync | 2 | fp32 | —" in printed and "t(0.03) s" in printed  # the job's stop.target_error: 0.03
+    data = json.loads(out.read_text())
+    settings = data["settings"]
+    assert data["agents"] == 2 and settings["batch_size"] == 32 and settings["algorithm"]["every"] == 5
+    assert settings["compute"]["step_s"] == 0.05 and data["virtual_s"] == 4.0
+    # 2 × 300 rows read; the job's data.holdout (0.15) of them held out: 90, and (600 - 90) // 2 rows per agent
+    assert settings["workload"] == {"name": "digits", "rows_per_agent": 255, "holdout": 90, "sample_rows": 510}
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--agents", "3"], "--agents and --config: the job spells it training.agents; give training.agents=VALUE"),
+    (["--device-step-s", "0.1"], "the job spells it training.device_step_s"),
+    (["--seed", "1"], "the job spells it seed"),
+    (["--hidden", "16"], "--hidden is the teacher MLP's task"),
+    (["training.device_step_s=0.1", "training.agents=0"], "training.agents"),
+    (["stop.max_seconds=2"], "training.device_step_s is not set"),
+])
+def test_simulate_with_a_job_config_refuses_a_setting_given_twice_in_one_line(argv, says, capsys):
+    assert main(["simulate", "-c", DIGITS, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err and "Traceback" not in err, err
