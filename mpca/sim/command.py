@@ -75,6 +75,13 @@ RUN_OPTIONS = {"algorithm": ("algorithm.name", "mpca"), "agents": ("training.age
                "agent_wait": ("cluster.agent_wait_s", None)}
 # the teacher MLP's task (without --config): with --config the job's own model trains on a sample of its rows
 TEACHER_OPTIONS = {"hidden": "1024,1024", "lr": 1e-3, "task_seed": None, "holdout_split": None}
+# the simulator's own options whose default without --config differs from the one with it
+OWN_DEFAULTS = {"targets": "0.5,0.4", "holdout": 2_000}
+
+
+def _default(name: str):
+    """An option's default without --config (its help text says it from here)."""
+    return RUN_OPTIONS[name][1] if name in RUN_OPTIONS else TEACHER_OPTIONS.get(name, OWN_DEFAULTS.get(name))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,11 +90,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "wire, cluster, stop and seed settings, and its model trained on a sample of its rows "
                         "(--rows per agent, --holdout); SECTION.KEY=VALUE overrides after the options")
     p.add_argument("--algorithm", "-a", default=None, help="algorithm name (mpca, sync, diloco, easgd, ...; "
-                   "default mpca)")
-    p.add_argument("--agents", "-k", type=int, default=None, help="training.agents (default 4)")
+                   f"default {_default('algorithm')})")
+    p.add_argument("--agents", "-k", type=int, default=None, help=f"training.agents (default {_default('agents')})")
     p.add_argument("--link", default="100mbit", help="every host's port: 100mbit, 1gbit, 10gbit, inf")
     p.add_argument("--device-step-s", type=float, default=None, metavar="SECONDS",
-                   help="T: every agent's step takes this device time (training.device_step_s; default 0.3)")
+                   help="T: every agent's step takes this device time (training.device_step_s; "
+                        f"default {_default('device_step_s')})")
     p.add_argument("--jitter", type=float, default=0.0, help="log-normal σ of the step time (0: fixed)")
     p.add_argument("--device-speed", default=None, metavar="AGENT:SPEED,...",
                    help="stragglers, e.g. 1:0.5: agent 1's steps take T / 0.5 (training.device_speed)")
@@ -95,33 +103,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wire", default=None, help="fp32, bf16, int8 or int4 (default: the algorithm's: int8 for mpca, "
                    "int4 for streaming_diloco, fp32 otherwise)")
     p.add_argument("--max-seconds", type=float, default=None, help="virtual seconds at most (stop.max_seconds; "
-                   "default 120)")
+                   f"default {_default('max_seconds'):g})")
     p.add_argument("--max-cycles", type=int, default=None, metavar="N",
                    help="stop.max_cycles: end after N exchange cycles (the joint model then takes every reduction)")
     p.add_argument("--lock-step", type=int, default=None, metavar="STEPS",
                    help="training.lock_step: each agent takes exactly STEPS steps per cycle (a reproducible run)")
     p.add_argument("--reduce", choices=["tree", "ordered"], default=None,
-                   help="cluster.reduce: tree (treeReduce's levels, the default) or ordered (the partials added in "
-                        "agent order)")
+                   help="cluster.reduce: tree (treeReduce's levels) or ordered (the partials added in agent "
+                        f"order); default {_default('reduce')}")
     p.add_argument("--eval-every", type=float, default=5.0, help="virtual seconds between evaluations")
     p.add_argument("--targets", default=None, help="holdout errors (or losses, eval.metric: loss), comma-separated "
-                   "(default: the job's stop target with --config, else 0.5,0.4)")
-    p.add_argument("--hidden", default=None, help="the teacher MLP's hidden widths (default 1024,1024: the "
-                   "benchmark's)")
+                   f"(default: the job's stop target with --config, else {_default('targets')})")
+    p.add_argument("--hidden", default=None, help="the teacher MLP's hidden widths (default "
+                   f"{_default('hidden')}: the benchmark's)")
     p.add_argument("--rows", type=int, default=20_000, help="rows per agent (the teacher's, or a sample of the job's)")
-    p.add_argument("--holdout", type=int, default=None, help="holdout rows (after the agents' rows; default 2000; "
+    p.add_argument("--holdout", type=int, default=None, help="holdout rows (after the agents' rows; default "
+                   f"{_default('holdout')}; "
                    "with --config: the job's own holdout where it has one, else its data.holdout share of the rows "
                    "read)")
     p.add_argument("--holdout-split", type=int, default=None, metavar="ROWS",
                    help="evaluate on the runtime's holdout instead: the rows of the task's first ROWS that the "
                         "trainer's hash split (data.holdout 1%%, seed 0) holds out, which the agents never train on "
                         "(1000000 with --task-seed 0: the holdout of bench compare's task)")
-    p.add_argument("--lr", type=float, default=None, help="the teacher MLP's Adam learning rate (default 1e-3)")
-    p.add_argument("--batch-size", type=int, default=None, help="training.batch_size (default 64)")
+    p.add_argument("--lr", type=float, default=None, help=f"the teacher MLP's Adam learning rate (default {_default('lr'):g})")
+    p.add_argument("--batch-size", type=int, default=None, help=f"training.batch_size (default {_default('batch_size')})")
     p.add_argument("--job-overhead", type=float, default=None, help="seconds per Spark job (default: the constant)")
     add_exchange_cpu_arguments(p)
     p.add_argument("--seed", type=int, default=None, help="the run's seed: initial model, batch order, step jitter "
-                   "(default 0)")
+                   f"(default {_default('seed')})")
     p.add_argument("--hang", action="append", default=[], metavar="AGENT:AT:FOR",
                    help="agent AGENT's process stops AT virtual seconds into the run for FOR seconds, then resumes "
                         "(repeatable)")
@@ -170,16 +179,9 @@ def config_from(args) -> SimConfig:
 
 def _with_defaults(args):
     """Without ``--config``: the defaults of the options a job would spell."""
-    for name, (_, default) in RUN_OPTIONS.items():
+    for name in (*RUN_OPTIONS, *TEACHER_OPTIONS, *OWN_DEFAULTS):
         if getattr(args, name) is None:
-            setattr(args, name, default)
-    for name, default in TEACHER_OPTIONS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
-    if args.targets is None:
-        args.targets = "0.5,0.4"
-    if args.holdout is None:
-        args.holdout = 2_000
+            setattr(args, name, _default(name))
     return args
 
 
