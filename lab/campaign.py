@@ -2,7 +2,8 @@
 
     python -m lab.campaign [-c conf/digits.yaml] [--algorithm mpca] [--minutes 10]
                            [--faults kill:4,stop:4,nan:4,corrupt:4,driver:1] [--gap-s 6:14] [--stop-s 6:15]
-                           [--link 1gbit [--cut-s 5:60]] [--seed 0] [--reference] [--json OUT] [overrides…]
+                           [--link 1gbit [--cut-s 5:60]] [--clock wall|up] [--seed 0] [--reference]
+                           [--json OUT] [overrides…]
                            (with --link the kinds may add cut:W and decommission:W)
 
 Unlike :mod:`lab.faults` (one fault per run, fired from inside agent 1), the faults come from outside, at times
@@ -30,6 +31,12 @@ With ``--link RATE`` the campaign runs on an emulated cluster (:mod:`lab.netclus
 worker host per agent, a standalone master; root), the drivers on its driver host; without it on
 ``local-cluster`` (``cluster.master`` of the config).  Every process is on this machine either way, where the
 campaign can signal it.
+
+The schedule's times are seconds since the campaign's start (``--clock wall``, the default: a recorded campaign
+replays as it ran) or seconds during which some agent process was up (``--clock up``): then no fault falls into
+the startup or a driver's resume, where nothing runs that it could hit, and a slow machine gets as many faults
+into the run as a fast one (on CI's slowest machine the first agent came up 37 s in, and 22 of 33 faults fell
+where none was up).
 
 The driver runs as its own process (:mod:`lab.campaign_driver`, one *incarnation* per start) so that it can be
 killed; its agents announce their processes (their pids, in the incarnation's directory) when their models are
@@ -82,11 +89,14 @@ DECOMMISSION_FROM = 0.75  # decommissions come in the run's last quarter: their 
 DECOMMISSION_RETRY_S = 60.0  # a decommission whose agent has no process is tried again each second this long
 REPLACE_AFTER_S = 30.0  # a decommissioned worker is replaced by a fresh one on its host this long after its notice
 DRIVER = -1  # the agent field of a driver fault
+CLOCKS = ("wall", "up")  # a schedule's times: seconds since the start, or seconds during which some agent was up
+UP_POLL_S = 0.1  # the up clock looks this often whether an agent process is up
+ENDED = "the run had ended"  # the skip reason of a fault the run did not live to
 
 
 @dataclass
 class Fault:
-    t: float  # seconds after the campaign's start
+    t: float  # seconds after the campaign's start (with the up clock: the schedule's time until it falls)
     kind: str
     agent: int  # DRIVER for a driver fault
     hold_s: float = 0.0  # stop: how long the process stays stopped; cut: how long the link stays down
@@ -103,6 +113,7 @@ class Fault:
     replaced_s: Optional[float] = None  # decommission: from injection to a fresh worker on its host being ALIVE
     skipped: Optional[str] = None  # not injected: why (its agent or the driver had no process then, ...)
     drawn_agent: Optional[int] = None  # the agent the schedule drew, where it had no process and ``agent`` took it
+    up_t: Optional[float] = None  # the up clock: the schedule's time, in seconds with an agent up (``t``: when it fell)
 
 
 def parse_kinds(text: str) -> Dict[str, float]:
@@ -420,9 +431,31 @@ class Campaign:
         except (OSError, ConnectionError) as e:  # the agent went away meanwhile, or its socket did
             fault.outcome = f"not delivered: {e!r}"
 
-    def run_faults(self, t0: float) -> None:
-        for fault in self.faults:
-            if self.stopped.wait(max(0.0, t0 + fault.t - time.time())):
+    def any_agent_up(self) -> bool:
+        return any(self.agent_pid(a) is not None for a in range(self.agents))
+
+    def run_faults(self, t0: float, clock: str = "wall") -> None:
+        """Inject the faults at their times: on the ``wall`` clock, ``fault.t`` seconds after ``t0``; on the ``up``
+        clock, once some agent process has been up for ``fault.t`` seconds in all (the startup and a driver's
+        resume, while nothing runs that a fault could hit, do not count), and ``fault.t`` becomes the time it fell
+        (``up_t`` keeps the schedule's).  A fault the run did not live to is skipped as :data:`ENDED`."""
+        up_s, last, was_up = 0.0, time.time(), False
+        for i, fault in enumerate(self.faults):
+            if clock == "wall":
+                ended = self.stopped.wait(max(0.0, t0 + fault.t - time.time()))
+            else:
+                ended = False
+                while up_s < fault.t and not ended:
+                    ended = self.stopped.wait(min(UP_POLL_S, fault.t - up_s))
+                    now, is_up = time.time(), self.any_agent_up()
+                    if was_up and is_up:  # up at both ends of the poll: never early, late by a poll per start
+                        up_s += now - last
+                    last, was_up = now, is_up
+                if not ended:
+                    fault.up_t, fault.t = fault.t, round(time.time() - t0, 3)
+            if ended:
+                for left in self.faults[i:]:
+                    left.skipped = ENDED
                 return
             if fault.kind == "decommission":  # rare (at most K - 1): tried again while its agent is being replaced
                 threading.Thread(target=self._until_injected, args=(fault,), daemon=True).start()
@@ -660,6 +693,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cut-s", default="5:60", help="how long a cut link stays down, LO:HI")
     ap.add_argument("--link", default=None, help="run on an emulated cluster (lab.netcluster; root) with this "
                     "link rate per host, e.g. 1gbit: the cut fault needs it")
+    ap.add_argument("--clock", choices=CLOCKS, default="wall",
+                    help="the schedule's times: seconds since the start (wall), or seconds during which some agent "
+                    "process was up (up: no fault is spent on the startup or on a driver's resume, so a slow "
+                    "machine gets as many as a fast one)")
     ap.add_argument("--sample-s", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reference", action="store_true", help="first a run of the same length without faults")
@@ -698,7 +735,8 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = {"algorithm": args.algorithm, "seed": args.seed, "minutes": args.minutes, "faults_weights": args.faults}
+    out = {"algorithm": args.algorithm, "seed": args.seed, "minutes": args.minutes, "faults_weights": args.faults,
+           "clock": args.clock}
 
     def command(directory: str, deadline: float, announce: bool) -> Callable[[int], List[str]]:
         return lambda inc: ([sys.executable, "-m", "lab.campaign_driver", "--dir", directory, "--incarnation",
@@ -736,7 +774,7 @@ def main(argv=None) -> int:
                           cut_s=_span(args.cut_s))
         campaign = Campaign(directory, faults, args.sample_s, cluster=cluster, agents=agents)
         t0 = time.time()
-        threads = [threading.Thread(target=campaign.run_faults, args=(t0,), daemon=True),
+        threads = [threading.Thread(target=campaign.run_faults, args=(t0, args.clock), daemon=True),
                    threading.Thread(target=campaign.sample, args=(t0, agents), daemon=True)]
         for th in threads:
             th.start()
@@ -789,7 +827,7 @@ def report(out: dict) -> str:
     ending = (f"final holdout error {out['final_error']:.4f}" if out.get("final_error") is not None else
               "the run failed: " + (out.get("run_failed") or "").strip().splitlines()[-1][:200])
     lines = [f"{out['algorithm']}: {out['cycles']} cycles in {out['minutes']:g} min, {out['incarnations']} driver "
-             f"incarnation(s), seed {out['seed']}; {ending}" +
+             f"incarnation(s), seed {out['seed']}, {out.get('clock', 'wall')} clock; {ending}" +
              (f" (no faults: {out['reference_final_error']:.4f})" if "reference_final_error" in out else ""),
              f"{'fault':<12} {'scheduled':>9} {'injected':>8} {'recovered':>9} {'median s':>9} {'longest s':>9} "
              f"{'median s after it ended':>23} {'median cycles after replacement executor | agent up':>52}"]
