@@ -370,7 +370,7 @@ def tune(spark, cfg, data, label: str, targets: List[float], max_seconds: float,
     """Run every setting of ``label``'s grid (:mod:`mpca.bench.tuning`) once; return the best setting's
     algorithm config, its name, and what each setting gave (for compare.json).  A setting whose emulated
     devices did not hold ranks after every one that did."""
-    from mpca.bench.tuning import EXTEND, at_best, best, beyond, grid
+    from mpca.bench.tuning import EXTEND, at_best, best, beyond, grid, pace_next
 
     points = grid(split_wire(label)[0], ratio, cfg.training.agents)
     if len(points) == 1:
@@ -395,6 +395,9 @@ def tune(spark, cfg, data, label: str, targets: List[float], max_seconds: float,
     for setting, algo in at_best(split_wire(label)[0], tried, i):  # DiLoCo's outer lrs at the period found
         print(f"--- {label}: best period so far {tried[i]['setting']}; trying {setting}", flush=True)
         i = attempt(setting, algo)
+    while (nxt := pace_next(split_wire(label)[0], tried, i, cfg.training.device_step_s)) is not None:
+        print(f"--- {label}: best so far {tried[i]['setting']}; trying its cycle pace {nxt[0]}", flush=True)
+        i = attempt(*nxt)
     for p in tried:
         p["time_to"] = {str(t): v for t, v in p["time_to"].items()}  # as in the rest of compare.json
     print(f"--- {label}: best of {len(tried)} settings is {tried[i]['setting']}", flush=True)

@@ -10,17 +10,20 @@ paper's lower bound for τ, K r (§3.2: every agent's round trip through the par
 DiLoCos their outer learning rate at 0.5 and 1.0 beside their default (the paper's 0.7; delayed DiLoCo's 0.35), Streaming DiLoCo also α = 1 with τ = 0
 and fragments cut by bytes (:data:`STREAMING_VARIANTS`), and MPCA its long-run elastic coefficient α at half and
 twice the default: 3 settings for mpca, 4 for EASGD, 5 for DiLoCo and delayed DiLoCo, 7 for Streaming
-DiLoCo.  Algorithms without a period (DDP, one agent)
+DiLoCo.  With emulated devices (a known step time T) MPCA also gets its cycle pace at the best α found
+(:func:`pace_next`: at least 2 T and 5 T between the driver's cycles, beside the unpaced default; 5 settings), the
+axis measured on 2026-12-03 (one cycle per 1.5 s = 5 T reached 24% in 0.76 × the unpaced time at K = 2, regime
+≈ 12).  Algorithms without a period (DDP, one agent)
 run once as they are.  A setting is better when it reaches more targets, then sooner the tightest one it
 reached, then with the lower final error: no baseline is ever tuned down.  When the best setting lies on
 the grid's edge along its main axis (the period; MPCA's α), :func:`beyond` offers the next point past it
 (half the smallest period or twice the largest; half or twice α), up to :data:`EXTEND` times, so that no
-algorithm's optimum is cut off by the grid.
+algorithm's optimum is cut off by the grid; MPCA's slowest pace, when it is the best, is doubled the same way.
 """
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 PERIODIC = {"sync": "every", "easgd": "every", "diloco": "every", "streaming_diloco": "every",
             "delayed_diloco": "every"}  # the period's field in each algorithm
@@ -40,6 +43,8 @@ DILOCO_OUTER_LRS = (0.5, 1.0)  # the outer learning rates tried besides the defa
 # fragments cut by bytes (the teacher MLP's three layers hold 6%, 93% and 1% of its bytes)
 STREAMING_VARIANTS = (("mix=1,overlap=0", {"mix": 1.0, "overlap": 0}),
                       ("fragment_layout=bytes", {"fragment_layout": "bytes"}))
+PACE_STEPS = (2, 5)  # MPCA's cycle paces tried at its best α, in steps T between two cycles (besides unpaced)
+PACE = "min_cycle_interval_s"  # the pace's field in an algorithm's config
 
 
 def grid(name: str, ratio: float, agents: int) -> List[Tuple[str, dict]]:
@@ -88,7 +93,7 @@ def _axis(name: str, algo: dict):
         off_axis = "outer_lr" in algo or any(k in algo for _, extra in STREAMING_VARIANTS for k in extra)
         return None if off_axis else algo[PERIODIC[name]]
     if name == "mpca":
-        return algo["alpha"]["target"]
+        return None if PACE in algo else algo["alpha"]["target"]
     return None
 
 
@@ -121,3 +126,28 @@ def beyond(name: str, tried: Sequence[dict], best_index: int):
     if a in values:
         return None
     return f"alpha.target={a:g}", {"name": "mpca", "alpha": {"target": a}}
+
+
+def pace_next(name: str, tried: Sequence[dict], best_index: int,
+              step_s: Optional[float]) -> Optional[Tuple[str, dict]]:
+    """MPCA's next cycle pace to try, or None: at the α of the best setting so far, at least ``n`` T between two
+    driver cycles for each ``n`` of :data:`PACE_STEPS` not tried yet (T = ``step_s``, the emulated step; the
+    unpaced default counts as a pace of 0), then, while the slowest pace tried is the best, twice it, up to
+    :data:`EXTEND` times.  None for another algorithm or without a known step time (real devices: the cycle's
+    natural unit is unknown before the run)."""
+    if name != "mpca" or not step_s:
+        return None
+    top = tried[best_index]["algorithm"]
+    at_alpha = [p["algorithm"] for p in tried if p["algorithm"].get("alpha") == top.get("alpha")]
+    paces = {round(a.get(PACE) or 0.0, 6) for a in at_alpha}
+    candidates = [round(n * step_s, 6) for n in PACE_STEPS]
+    fresh = [c for c in candidates if c not in paces]
+    if not fresh:
+        slowest, current = max(paces), round(top.get(PACE) or 0.0, 6)
+        extended = sum(1 for v in paces if v > max(candidates))
+        if current != slowest or extended >= EXTEND:
+            return None
+        fresh = [round(2 * slowest, 6)]
+    pace = fresh[0]
+    label = f"alpha.target={top['alpha']['target']:g},{PACE}={pace:g}"
+    return label, {**top, PACE: pace}

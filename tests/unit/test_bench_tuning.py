@@ -167,6 +167,33 @@ def test_diloco_s_outer_learning_rates_are_tried_again_at_the_best_period_found(
     assert at_best("sync", sync, 0) == []
 
 
+def test_mpcas_cycle_pace_is_tried_at_its_best_alpha_in_steps_and_doubled_past_the_slowest_when_that_wins():
+    """pace_next: with T = 0.3 s, at the best α (here 0.1, point 2) first 2 T = 0.6 s, then 5 T = 1.5 s; with
+    5 T the best, 3 s and then 6 s (EXTEND = 2), no more; with 2 T or unpaced the best, nothing past the grid;
+    nothing for another algorithm or without an emulated step time."""
+    from mpca.bench.tuning import pace_next
+
+    mpca = [{"algorithm": a} for _, a in grid("mpca", 12, 4)]  # alpha.target 0.025, 0.05, 0.1
+    assert pace_next("mpca", mpca, 2, None) is None and pace_next("sync", mpca, 2, 0.3) is None
+    label, algo = pace_next("mpca", mpca, 2, 0.3)
+    assert (label, algo) == ("alpha.target=0.1,min_cycle_interval_s=0.6",
+                             {"name": "mpca", "alpha": {"target": 0.1}, "min_cycle_interval_s": 0.6})
+    mpca.append({"algorithm": algo})
+    assert pace_next("mpca", mpca, 2, 0.3)[1]["min_cycle_interval_s"] == 1.5
+    mpca.append({"algorithm": pace_next("mpca", mpca, 2, 0.3)[1]})
+    assert pace_next("mpca", mpca, 2, 0.3) is None  # unpaced is the best: no pace past the grid
+    assert pace_next("mpca", mpca, 3, 0.3) is None  # 2 T the best: inside
+    assert pace_next("mpca", mpca, 4, 0.3)[1]["min_cycle_interval_s"] == 3.0  # 5 T the best: its double
+    mpca.append({"algorithm": pace_next("mpca", mpca, 4, 0.3)[1]})
+    assert pace_next("mpca", mpca, 5, 0.3)[1]["min_cycle_interval_s"] == 6.0
+    mpca.append({"algorithm": pace_next("mpca", mpca, 5, 0.3)[1]})
+    assert pace_next("mpca", mpca, 6, 0.3) is None  # EXTEND points past the grid at most
+    assert pace_next("mpca", mpca, 0, 0.3)[1] == {"name": "mpca", "alpha": {"target": 0.025},
+                                                   "min_cycle_interval_s": 0.6}  # another α: its own paces
+    from mpca.bench.tuning import beyond
+    assert beyond("mpca", mpca, 4) is None  # a paced point is off α's axis
+
+
 def test_the_comm_comp_ratio_comes_from_mpcas_fp32_run_when_the_wire_varies():
     """bench compare --wire fp32,int8 labels its runs mpca@fp32 and mpca@int8: the ratio of one full-model
     exchange is the fp32 run's (it printed "None ... infx off it" before), and {} where no mpca ran."""
