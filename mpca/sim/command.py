@@ -11,6 +11,7 @@ from mpca.errors import UserError
 from mpca.exchange.device import ComputeModel
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.presence import Absence
+from mpca.sim.run_settings import by_option
 from mpca.spellings import parse_device_speed, refuse_renamed
 
 if TYPE_CHECKING:
@@ -65,14 +66,9 @@ def add_exchange_cpu_arguments(p: argparse.ArgumentParser) -> None:
                         "each host its own)")
 
 
-# Options that a run's settings spell (the setting, and the default without --config): with --config the job's
-# YAML and its SECTION.KEY=VALUE overrides give them, as mpca train reads them — one spelling of each
-RUN_OPTIONS = {"algorithm": ("algorithm.name", "mpca"), "agents": ("training.agents", 4),
-               "device_step_s": ("training.device_step_s", 0.3), "device_speed": ("training.device_speed", ""),
-               "wire": ("wire.format", None), "max_seconds": ("stop.max_seconds", 120.0),
-               "max_cycles": ("stop.max_cycles", None), "lock_step": ("training.lock_step", None),
-               "reduce": ("cluster.reduce", "tree"), "batch_size": ("training.batch_size", 64), "seed": ("seed", 0),
-               "agent_wait": ("cluster.agent_wait_s", None)}
+# Options that a run's settings spell (mpca.sim.run_settings: the setting, and the default without --config): with
+# --config the job's YAML and its SECTION.KEY=VALUE overrides give them, as mpca train reads them — one spelling
+RUN_OPTIONS = by_option()
 # the teacher MLP's task (without --config): with --config the job's own model trains on a sample of its rows
 TEACHER_OPTIONS = {"hidden": "1024,1024", "lr": 1e-3, "task_seed": None, "holdout_split": None}
 # the simulator's own options whose default without --config differs from the one with it
@@ -81,7 +77,7 @@ OWN_DEFAULTS = {"targets": "0.5,0.4", "holdout": 2_000}
 
 def _default(name: str):
     """An option's default without --config (its help text says it from here)."""
-    return RUN_OPTIONS[name][1] if name in RUN_OPTIONS else TEACHER_OPTIONS.get(name, OWN_DEFAULTS.get(name))
+    return RUN_OPTIONS[name].default if name in RUN_OPTIONS else TEACHER_OPTIONS.get(name, OWN_DEFAULTS.get(name))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -208,8 +204,8 @@ def _config_of_job(args) -> SimConfig:
     twice = _given(args, RUN_OPTIONS)
     if twice:
         name = twice[0]
-        raise UserError(f"simulate: {_option(name)} and --config: the job spells it {RUN_OPTIONS[name][0]}; give "
-                        f"{RUN_OPTIONS[name][0]}=VALUE after the options instead")
+        raise UserError(f"simulate: {_option(name)} and --config: the job spells it {RUN_OPTIONS[name].setting}; "
+                        f"give {RUN_OPTIONS[name].setting}=VALUE after the options instead")
     teacher = _given(args, TEACHER_OPTIONS)
     if teacher:
         raise UserError(f"simulate: {_option(teacher[0])} is the teacher MLP's task; with --config the job's own "

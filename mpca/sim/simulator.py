@@ -54,6 +54,7 @@ from mpca.sim.cycles import VirtualPipeline
 from mpca.sim.network import DriverPort, ring_allreduce_bytes, ring_allreduce_time
 from mpca.sim.presence import Absence, MembershipChange, Presence
 from mpca.sim.result import HistoryRow, SimResult
+from mpca.sim.run_settings import BUILT, RUN_SETTINGS, spelled_by_field
 from mpca.sim.service import SimServiceClient
 from mpca.sim.workload import TeacherWorkload, Workload
 
@@ -83,12 +84,8 @@ def unsimulated(settings: "Settings") -> Optional[str]:
     return None
 
 
-# SimConfig's fields that a run's settings spell (SimConfig.from_settings): where
-RUN_SPELLED = {"algorithm": "algorithm", "agents": "training.agents", "batch_size": "training.batch_size",
-               "lock_step": "training.lock_step", "compute": "training.device_step_s and training.device_speed",
-               "wire": "wire.format", "wire_block": "wire.block", "reduce": "cluster.reduce",
-               "agent_wait_s": "cluster.agent_wait_s", "max_cycles": "stop.max_cycles",
-               "max_virtual_s": "stop.max_seconds", "metric": "eval.metric", "seed": "seed"}
+# SimConfig's fields that a run's settings spell (SimConfig.from_settings): where (mpca.sim.run_settings)
+RUN_SPELLED = spelled_by_field()
 
 
 class SimConfig(BaseModel):
@@ -136,10 +133,11 @@ class SimConfig(BaseModel):
     @classmethod
     def from_settings(cls, settings: "Settings", jitter: float = 0.0, **own: Any) -> "SimConfig":
         """The simulation of a run's settings (:class:`mpca.config.Settings`: a job's YAML as ``mpca train`` reads
-        it), each taken where the run spells it: ``algorithm``; ``training.agents``, ``batch_size``, ``lock_step``,
-        ``device_step_s`` and ``device_speed`` (the compute model's T and its stragglers); ``wire.format`` and
-        ``block``; ``cluster.reduce`` and ``agent_wait_s``; ``stop.max_cycles``, ``max_seconds`` (virtual seconds
-        here) and its target; ``eval.metric``; ``seed``.  ``jitter`` (the step time's log-normal σ) and ``own`` are
+        it), each taken where the run spells it (:data:`mpca.sim.run_settings.RUN_SETTINGS`: ``algorithm``;
+        ``training.agents``, ``batch_size``, ``lock_step``, ``device_step_s`` and ``device_speed`` (the compute
+        model's T and its stragglers); ``wire.format`` and ``block``; ``cluster.reduce`` and ``agent_wait_s``;
+        ``stop.max_cycles``, ``max_seconds`` (virtual seconds here); ``eval.metric``; ``seed``; a setting left unset
+        leaves its field's default), and ``stop.target`` unless ``targets`` is given.  ``jitter`` (the step time's log-normal σ) and ``own`` are
         the simulator's own fields, which no run setting spells (the network, the workload, ``eval_every_s``,
         ``targets``, absences ...); a field the run spells is refused (ValueError naming its setting)."""
         t, stop = settings.training, settings.stop
@@ -149,15 +147,11 @@ class SimConfig(BaseModel):
         problem = unsimulated(settings)
         if problem:
             raise ValueError(problem)
-        fields: Dict[str, Any] = dict(
-            algorithm=settings.algorithm, agents=t.agents, batch_size=t.batch_size, lock_step=t.lock_step,
-            compute=ComputeModel(step_s=t.device_step_s, jitter=jitter, speeds=dict(t.device_speed),
-                                 seed=settings.seed),
-            wire=settings.wire.format, wire_block=settings.wire.block, reduce=settings.cluster.reduce,
-            agent_wait_s=settings.cluster.agent_wait_s, max_cycles=stop.max_cycles, metric=settings.eval.metric,
-            seed=settings.seed)
-        if stop.max_seconds is not None:
-            fields["max_virtual_s"] = stop.max_seconds
+        fields: Dict[str, Any] = {row.field: row.value(settings) for row in RUN_SETTINGS
+                                  if row.field not in BUILT and row.value(settings) is not None}
+        fields.update(algorithm=settings.algorithm,
+                      compute=ComputeModel(step_s=t.device_step_s, jitter=jitter, speeds=dict(t.device_speed),
+                                           seed=settings.seed))
         if stop.target is not None and "targets" not in own:
             fields["targets"] = (stop.target,)
         return cls(**fields, **own)

@@ -134,6 +134,28 @@ def test_a_runs_settings_are_the_simulations_each_where_the_run_spells_it():
             SimConfig.from_settings(Settings.model_validate(section))
 
 
+def test_the_run_settings_table_names_real_settings_fields_and_options_and_a_setting_unset_keeps_the_default():
+    """mpca.sim.run_settings: each row's setting is a key of the run's settings, its field one of SimConfig's, its
+    option one of mpca simulate's; a setting left unset (stop.max_seconds) leaves the field's default."""
+    import argparse
+
+    from mpca.config import Settings
+    from mpca.sim.command import add_arguments
+    from mpca.sim.run_settings import RUN_SETTINGS
+    from mpca.sim.simulator import SimConfig
+
+    run = Settings.model_validate({"training": {"agents": 2, "device_step_s": 0.1}})
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    dests = {a.dest for a in parser._actions}
+    for row in RUN_SETTINGS:
+        row.value(run)  # an AttributeError names a setting the run does not have
+        assert row.field in SimConfig.model_fields, row
+        assert row.option is None or row.option in dests, row
+    assert run.stop.max_seconds is None
+    assert SimConfig.from_settings(run).max_virtual_s == SimConfig.model_fields["max_virtual_s"].default
+
+
 def test_simulate_with_a_job_config_runs_the_jobs_settings_and_model(tmp_path, capsys):
     """``mpca simulate -c job.yaml SECTION.KEY=VALUE``: the settings as mpca train reads them, the job's own model
     trained on a sample of its rows."""
