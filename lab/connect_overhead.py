@@ -98,7 +98,7 @@ def one_run(master: str, args, out: str) -> dict:
     shared = [f"cluster.connect_dir={out}-connect"] if master.startswith("sc://") else []  # one machine's disk
     cpu0 = _cpu()
     cmd = [sys.executable, "-m", "mpca.cli", "train", "-c", "conf/teacher_mlp.yaml", f"cluster.master={master}", *shared,
-           f"training.agents={args.agents}", f"training.device_step_s={args.device_step_s}",
+           f"training.agents={args.agents}", f"emulation.device_step_s={args.device_step_s}",
            f"stop.target_error={args.target}", f"stop.max_seconds={args.max_seconds}", f"run.output_dir={out}",
            "eval.every_cycles=2", "progress=off"]
     t = time.time()

@@ -44,7 +44,7 @@ def run(preset: str, links, algorithms, agents, horizon: float, seeds: int, sett
     out = {"preset": preset, "hidden": list(p["hidden"]), "parameters": n, "step_s": p["step_s"],
            "target_error": p["target"], "links": {}}
     for link in links:
-        cfg = PlanConfig(parameters=n, device_device_step_s=p["step_s"], link_bps=parse_rate(link, "scaling"),
+        cfg = PlanConfig(parameters=n, device_step_s=p["step_s"], link_bps=parse_rate(link, "scaling"),
                          agents=tuple(agents or p["agents"]), algorithms=tuple(algorithms), settings=settings,
                          proxy_hidden=p["hidden"], rows=p["rows"], holdout=p["holdout"],
                          target_error=p["target"], horizon=horizon, evals=100, seeds=seeds)

@@ -151,13 +151,6 @@ class TrainingSection(_Strict):
                                             "numbers (e.g. keep a core for it alone); None: no pinning")
     min_agents: int = Field(1, ge=1, description="fewer agents answering than this for cluster.agent_lost_timeout_s "
                             "fails the run (lost agents are otherwise left out of the reduction until they return)")
-    device_step_s: Optional[float] = Field(None, gt=0, description="benchmarks: an emulated accelerator per "
-                                           "agent — every training step takes this wall time (the real step runs, "
-                                           "then the agent waits out the rest, serving the exchange meanwhile); "
-                                           "steps slower than it are counted late; None: off")
-    device_speed: Dict[int, float] = Field(default_factory=dict, description="benchmarks: agents whose emulated "
-                                           "device is slower, e.g. {1: 0.5} (a straggler: its steps take "
-                                           "device_step_s / 0.5); needs device_step_s")
     lock_step: Optional[int] = Field(None, ge=1, description="a reproducible run: each agent takes exactly this "
                                      "many steps per exchange cycle, then waits until the cycle has taken its "
                                      "contribution and handed it the cycle's broadcast (mpca.exchange.lock_step); "
@@ -204,12 +197,34 @@ class TrainingSection(_Strict):
     def _min_agents_fit(self):
         if self.min_agents > self.agents:
             raise ValueError(f"training.min_agents={self.min_agents} exceeds training.agents={self.agents}")
+        return self
+
+
+class EmulationSection(_Strict):
+    """Benchmarks only: the emulated devices that ``mpca bench compare``, ``simulate`` and ``plan`` model a user's
+    accelerators with (:class:`mpca.exchange.device.DeviceClock`); a real training run leaves it empty."""
+
+    device_step_s: Optional[float] = Field(None, gt=0, description="an emulated accelerator per agent — every "
+                                           "training step takes this wall time (the real step runs, then the agent "
+                                           "waits out the rest, serving the exchange meanwhile); steps slower than "
+                                           "it are counted late; None: off")
+    device_speed: Dict[int, float] = Field(default_factory=dict, description="agents whose emulated device is "
+                                           "slower, e.g. {1: 0.5} (a straggler: its steps take device_step_s / "
+                                           "0.5); needs device_step_s")
+
+    @model_validator(mode="after")
+    def _speeds_need_a_step(self):
         if self.device_speed and self.device_step_s is None:
-            raise ValueError("training.device_speed needs training.device_step_s (the emulated device's step time)")
+            raise ValueError("emulation.device_speed needs emulation.device_step_s (the emulated device's step time)")
         problem = device_speed_problem(self.device_speed)
         if problem:
             raise ValueError(problem)
         return self
+
+
+# keys that moved, where the old spelling was public: (section, key) → the new SECTION.KEY, refused in one line
+MOVED = {("training", "device_step_s"): "emulation.device_step_s",
+         ("training", "device_speed"): "emulation.device_speed"}
 
 
 class WireSection(_Strict):
@@ -384,10 +399,22 @@ class Settings(_Strict):
                                           "model and the driver's state")
     cluster: ClusterSection = Field(default_factory=ClusterSection, description="the Spark cluster and the exchange")
     wire: WireSection = Field(default_factory=WireSection, description="how exchanged values cross the network")
+    emulation: EmulationSection = Field(default_factory=EmulationSection, description="benchmarks only: emulated "
+                                        "devices (step time, stragglers)")
     progress: Literal["auto", "bar", "log", "notebook", "off"] = Field("auto", description="the progress display: "
                                                                        "auto picks a notebook line, a terminal "
                                                                        "line or a log line every 10 s")
     seed: int = Field(0, description="the run's seed: the initial model, the holdout split, the batch order")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """A key of :data:`MOVED` in its old place: one line naming the new one."""
+        if isinstance(data, dict):
+            for (section, key), new in MOVED.items():
+                if isinstance(data.get(section), dict) and key in data[section]:
+                    raise ValueError(f"{section}.{key} is now {new} (the benchmark's emulation has its own section)")
+        return data
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -505,7 +532,7 @@ SHORTCUTS = {
     "connect_dir": "cluster.connect_dir", "client_gone_s": "cluster.client_gone_s",
     "min_agents": "training.min_agents", "agent_wait_s": "cluster.agent_wait_s",
     "agent_lost_timeout_s": "cluster.agent_lost_timeout_s", "timeline_window": "training.timeline_window",
-    "device_step_s": "training.device_step_s", "wire": "wire.format",
+    "device_step_s": "emulation.device_step_s", "wire": "wire.format",
 }
 
 

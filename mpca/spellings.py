@@ -1,5 +1,5 @@
 """One spelling per setting on every command line: the grammar of a setting given as an option (``--device-speed``,
-``training.device_speed``'s one parser) and the old spellings, refused in one line that names the new one.
+``emulation.device_speed``'s one parser) and the old spellings, refused in one line that names the new one.
 No torch: every command builds its parser with it."""
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from mpca.errors import UserError
 
 
 def device_speed_problem(speeds: Dict[int, float]) -> Optional[str]:
-    """What is wrong with a ``training.device_speed`` map, or None."""
+    """What is wrong with a ``emulation.device_speed`` map, or None."""
     if any(not 0.0 < v <= 1.0 or a < 0 for a, v in speeds.items()):
-        return "training.device_speed maps agents (>= 0) to speeds in (0, 1], e.g. {1: 0.5}"
+        return "emulation.device_speed maps agents (>= 0) to speeds in (0, 1], e.g. {1: 0.5}"
     return None
 
 
 def parse_device_speed(text: str) -> Dict[int, float]:
-    """``training.device_speed`` as every command's ``--device-speed`` spells it: ``AGENT:SPEED[,AGENT:SPEED...]``
+    """``emulation.device_speed`` as every command's ``--device-speed`` spells it: ``AGENT:SPEED[,AGENT:SPEED...]``
     (``1:0.5,3:0.8``: agent 1's device at half speed, agent 3's at 0.8); empty: none.  The one parser of it."""
     out: Dict[int, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -36,10 +36,10 @@ def parse_device_speed(text: str) -> Dict[int, float]:
 
 
 RENAMED_OPTIONS = {  # an old command-line spelling: its one spelling now, and the setting it sets
-    "--step-s": ("--device-step-s", "training.device_step_s"),
-    "--device-step": ("--device-step-s", "training.device_step_s"),
-    "--speeds": ("--device-speed", "training.device_speed"),
-    "--straggler": ("--device-speed", "training.device_speed"),
+    "--step-s": ("--device-step-s", "emulation.device_step_s"),
+    "--device-step": ("--device-step-s", "emulation.device_step_s"),
+    "--speeds": ("--device-speed", "emulation.device_speed"),
+    "--straggler": ("--device-speed", "emulation.device_speed"),
 }
 
 

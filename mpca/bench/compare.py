@@ -324,7 +324,7 @@ def run_one(spark, cfg, data, label: str, algorithm: dict, targets: List[float],
            "first_exchange_s": fit.first_exchange_s, "first_exchange_job_end_s": fit.first_exchange_job_end_s,
            "prepare_s": fit.prepare_s, "startup": startup_medians(fit),
            "agent_starts_s": agent_starts(fit),
-           "emulation": device_check(fit.agents, cpu, settings.training.device_step_s)}
+           "emulation": device_check(fit.agents, cpu, settings.emulation.device_step_s)}
     write_run_record(run, os.path.join(out, _dirname(label), "run.json"))
     return run
 
@@ -395,7 +395,7 @@ def tune(spark, cfg, data, label: str, targets: List[float], max_seconds: float,
     for setting, algo in at_best(split_wire(label)[0], tried, i):  # DiLoCo's outer lrs at the period found
         print(f"--- {label}: best period so far {tried[i]['setting']}; trying {setting}", flush=True)
         i = attempt(setting, algo)
-    while (nxt := pace_next(split_wire(label)[0], tried, i, cfg.training.device_step_s)) is not None:
+    while (nxt := pace_next(split_wire(label)[0], tried, i, cfg.emulation.device_step_s)) is not None:
         print(f"--- {label}: best so far {tried[i]['setting']}; trying its cycle pace {nxt[0]}", flush=True)
         i = attempt(*nxt)
     for p in tried:
@@ -535,7 +535,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
         "network": network, "straggler": list(straggler) if straggler else None, "targets": targets,
         "metric": metric,
         "max_seconds": max_seconds, "repeats": repeats, "agents": cfg.training.agents,
-        "device_step_s": cfg.training.device_step_s,
+        "device_step_s": cfg.emulation.device_step_s,
         "regime": None if regime is None else {"name": regime.name, "link": regime.link, "ratio": regime.ratio,
                                                "device_step_s": regime.device_step_s, "paper": regime.paper},
         "model": cfg.model.name, "model_args": cfg.model.args, "data": cfg.data.dataset or cfg.data.path,
@@ -574,7 +574,7 @@ def compare(spark, cfg, labels: List[str], targets: List[float], max_seconds: fl
     print("\nCPU by role (cores used; agents = training processes, python workers = exchange tasks):")
     for label, r in results.items():
         print(f"  {label:<{max(map(len, results))}}  {describe(r['cpu'])}")
-    step_s = cfg.training.device_step_s
+    step_s = cfg.emulation.device_step_s
     if step_s is not None:
         print(f"\nEmulated devices: every step takes {1000 * step_s:g} ms (real step, then waited out); per algorithm "
               "the median real step, its CPU, late steps and machine load:")
@@ -631,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "each in its own cluster and --out/K<k>, then the table over K (sweep.csv)")
     ap.add_argument("--out", default="runs/compare")
     ap.add_argument("--device-speed", metavar="AGENT:SPEED", help="slow one agent, e.g. 1:0.5: its steps take "
-                    "T / 0.5 (training.device_speed; Fig. 10c: compare --algorithms mpca,mpca:uniform,mpca:uncontested)")
+                    "T / 0.5 (emulation.device_speed; Fig. 10c: compare --algorithms mpca,mpca:uniform,mpca:uncontested)")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL=NAME,key=value,...",
                     help="an algorithm with its own settings under LABEL, e.g. 'push:2=weaksync,c=2', and run settings "
                          "of its own as SECTION.KEY, e.g. 'lock=mpca,training.lock_step=5' (repeatable)")
@@ -640,7 +640,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "without the suffix)")
     ap.add_argument("--device-step-s", type=float, metavar="SECONDS",
                     help="emulated devices: every agent's training step takes this wall time, for every algorithm "
-                         "(training.device_step_s); runs where agents fall behind it or the machine is saturated "
+                         "(emulation.device_step_s); runs where agents fall behind it or the machine is saturated "
                          "are marked INVALID")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the job config")
     refuse_renamed(ap, "--device-step", "--straggler")
@@ -687,7 +687,7 @@ def main(argv=None, *, nested: bool = False) -> int:
     if args.device_step_s is not None:
         if not args.device_step_s > 0:
             raise UserError(f"--device-step-s must be > 0 seconds, got {args.device_step_s}")
-        args.overrides.append(f"training.device_step_s={args.device_step_s}")
+        args.overrides.append(f"emulation.device_step_s={args.device_step_s}")
     from mpca.algorithm import algorithm_names
     from mpca.config import load_config
 

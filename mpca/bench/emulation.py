@@ -1,4 +1,4 @@
-"""Whether a benchmark run's emulated devices held (``training.device_step_s``, :class:`~mpca.exchange.device.DeviceClock`).
+"""Whether a benchmark run's emulated devices held (``emulation.device_step_s``, :class:`~mpca.exchange.device.DeviceClock`).
 
 An emulated device makes every agent's training step take a fixed wall time T, as if each agent had its own
 accelerator and the host's CPU were free for the exchange.  That model holds only while the real step fits

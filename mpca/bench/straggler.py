@@ -4,8 +4,8 @@
 ``agent`` only, sleep after every step so that the agent's steps take ``1 / speed`` times as long as they
 would (``speed = 0.5``: half speed).  The driver and every other agent get the optimizer unchanged.
 
-With emulated devices (``training.device_step_s`` = T) the straggler is a slower device instead
-(:func:`straggle` sets ``training.device_speed``; the agent waits out T / speed per step, see
+With emulated devices (``emulation.device_step_s`` = T) the straggler is a slower device instead
+(:func:`straggle` sets ``emulation.device_speed``; the agent waits out T / speed per step, see
 :class:`mpca.exchange.device.DeviceClock`) and the optimizer is left alone — a sleeping optimizer would count
 as the step's compute, make every step late and be absorbed by the padding (the agent would not be slowed).
 """
@@ -50,10 +50,10 @@ def slowed(optimizer_fn: Callable, agent: int, speed: float) -> Callable:
 
 def straggle(settings, optimizer_fn: Callable, agent: int, speed: float):
     """``settings`` and ``optimizer_fn`` with agent ``agent`` at ``speed``: a slower emulated device where the
-    settings emulate devices (``training.device_speed``), else a sleeping optimizer (:func:`slowed`)."""
-    if settings.training.device_step_s is None:
+    settings emulate devices (``emulation.device_speed``), else a sleeping optimizer (:func:`slowed`)."""
+    if settings.emulation.device_step_s is None:
         return settings, slowed(optimizer_fn, agent, speed)
     if not 0.0 < speed <= 1.0 or agent < 0:
         raise ValueError(f"a straggler needs an agent >= 0 and a speed in (0, 1], got {agent}:{speed}")
-    training = settings.training.model_copy(update={"device_speed": {agent: speed}})
-    return settings.model_copy(update={"training": training}), optimizer_fn
+    emulation = settings.emulation.model_copy(update={"device_speed": {agent: speed}})
+    return settings.model_copy(update={"emulation": emulation}), optimizer_fn

@@ -1,7 +1,7 @@
 """An agent's device: the time each training step takes — in virtual time for the simulator (:class:`ComputeModel`,
 :class:`AgentClock`: fixed, or drawn from a log-normal around it, seeded, divided by each agent's speed) and waited
-out in wall time by the runtime's emulated devices (:class:`DeviceClock`, ``training.device_step_s``, its speed
-``training.device_speed``: a straggler has speed < 1, its steps take T / speed, in both)."""
+out in wall time by the runtime's emulated devices (:class:`DeviceClock`, ``emulation.device_step_s``, its speed
+``emulation.device_speed``: a straggler has speed < 1, its steps take T / speed, in both)."""
 from __future__ import annotations
 
 import math

@@ -26,7 +26,7 @@ import torch
 
 from mpca.algorithm import AgentContext, AgentRule, Algorithm, ShardLayout, build_algorithm
 from mpca.algorithm.wire import Codec, ErrorFeedback
-from mpca.config import DataSection, TrainingSection, WireSection
+from mpca.config import DataSection, EmulationSection, TrainingSection, WireSection
 from mpca.data.arrow import UnreadableRows
 from mpca.data.checks import found_in_agent, label_counts, labels_problem, unreadable
 from mpca.data.stream import ramp_rows
@@ -62,7 +62,8 @@ class AgentSpec:
     layout: ShardLayout
     initial: InitialModel  # the starting point: rebuilt from the seed on the executor, or its weights (mpca.runtime.initial)
     algorithm: Algorithm = field(default_factory=lambda: build_algorithm("single"))  # its agent rule, buffers
-    training: TrainingSection = field(default_factory=TrainingSection)  # agents, batch size, pinning, device
+    training: TrainingSection = field(default_factory=TrainingSection)  # agents, batch size, pinning, lock step
+    emulation: EmulationSection = field(default_factory=EmulationSection)  # a benchmark's emulated device
     data: DataSection = field(default_factory=DataSection)  # input shape, memory budget
     wire: WireSection = field(default_factory=WireSection)  # how shards cross the network
     seed: int = 0
@@ -137,7 +138,7 @@ class Agent:
         self.steps = 0
         self.samples = 0
         self.exchange_s = 0.0  # time the training loop spent in the rule's communicating hooks (not computing)
-        self.device_clock = DeviceClock(self._device_step_s(spec.training))  # real compute; emulated idle time
+        self.device_clock = DeviceClock(self._device_step_s(spec.emulation))  # real compute; emulated idle time
         # training.lock_step: windows of exactly that many steps per cycle (mpca.exchange.lock_step)
         self.pace = (PacedWindows(spec.training.lock_step, self._should_stop) if spec.training.lock_step else None)
         self.joins = 0  # joins from the joint model so far: a batch drawn before one is not stepped on after it
@@ -204,12 +205,12 @@ class Agent:
     def _should_stop(self) -> bool:
         return self.rule.should_stop(self.stop_requested)
 
-    def _device_step_s(self, training: TrainingSection) -> Optional[float]:
-        """The emulated device's step time: T (``training.device_step_s``), or T / speed for an agent whose
-        device is slower (``training.device_speed``, a benchmark's straggler), as the simulator's clocks take it."""
-        if training.device_step_s is None:
+    def _device_step_s(self, emulation: EmulationSection) -> Optional[float]:
+        """The emulated device's step time: T (``emulation.device_step_s``), or T / speed for an agent whose
+        device is slower (``emulation.device_speed``, a benchmark's straggler), as the simulator's clocks take it."""
+        if emulation.device_step_s is None:
             return None
-        return ComputeModel(step_s=training.device_step_s, speeds=dict(training.device_speed)).clock(self.id).mean
+        return ComputeModel(step_s=emulation.device_step_s, speeds=dict(emulation.device_speed)).clock(self.id).mean
 
     def train_forever(self) -> None:
         if self.error:  # its rows were refused: it answers until stopped, so that the driver says why

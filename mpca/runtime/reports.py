@@ -34,7 +34,7 @@ class AgentReport:
     alive_s: Optional[float] = None  # time since it started training
     compute_s: Optional[float] = None  # wall time of its real training steps (exchange.device.DeviceClock)
     cpu_s: Optional[float] = None  # its process's CPU time during them
-    device_idle_s: Optional[float] = None  # waited out by an emulated device (training.device_step_s)
+    device_idle_s: Optional[float] = None  # waited out by an emulated device (emulation.device_step_s)
     late_steps: Optional[int] = None  # steps whose real compute took longer than the emulated device step
     weight: Optional[float] = None
     resets: int = 0  # numerical faults (NaN/Inf) after which the agent went back to the joint model

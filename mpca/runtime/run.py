@@ -54,7 +54,8 @@ def agent_spec(run_id: str, secret: bytes, settings: Settings, model: torch.nn.M
     return AgentSpec(run_id=run_id, secret=secret, model_fn=model_fn, loss_fn=loss_fn, optimizer_fn=optimizer_fn,
                      layout=layout, initial=initial.for_agents(model, model_fn, settings.seed,
                                                                algo.rebuilds_initial_model),
-                     algorithm=algo, training=settings.training, data=settings.data, wire=settings.wire,
+                     algorithm=algo, training=settings.training, emulation=settings.emulation, data=settings.data,
+                     wire=settings.wire,
                      seed=settings.seed, max_payload=max_payload, service=service, rendezvous=dict(rendezvous or {}),
                      classes=classes, relay=relay,
                      holdout=(holdout_cut(settings.data.holdout), settings.data.holdout_max_rows)

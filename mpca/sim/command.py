@@ -90,11 +90,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agents", "-k", type=int, default=None, help=f"training.agents (default {_default('agents')})")
     p.add_argument("--link", default="100mbit", help="every host's port: 100mbit, 1gbit, 10gbit, inf")
     p.add_argument("--device-step-s", type=float, default=None, metavar="SECONDS",
-                   help="T: every agent's step takes this device time (training.device_step_s; "
+                   help="T: every agent's step takes this device time (emulation.device_step_s; "
                         f"default {_default('device_step_s')})")
     p.add_argument("--jitter", type=float, default=0.0, help="log-normal σ of the step time (0: fixed)")
     p.add_argument("--device-speed", default=None, metavar="AGENT:SPEED,...",
-                   help="stragglers, e.g. 1:0.5: agent 1's steps take T / 0.5 (training.device_speed)")
+                   help="stragglers, e.g. 1:0.5: agent 1's steps take T / 0.5 (emulation.device_speed)")
     refuse_renamed(p, "--step-s", "--speeds")
     p.add_argument("--wire", default=None, help="fp32, bf16, int8 or int4 (default: the algorithm's: int8 for mpca, "
                    "int4 for streaming_diloco, fp32 otherwise)")

@@ -35,7 +35,7 @@ the driver's included, behind its own full-duplex ``tc tbf`` port):
   the two equal) — every job tries an absent agent's socket with this handshake wait, so while an agent is
   stopped (a hang: its socket still accepts) every cycle lasts at least this long after its tasks start; a
   lost agent's socket refuses at once.  Measured (``python -m lab.faults -c conf/teacher_mlp.yaml --algorithms
-  mpca --faults none,hang --at-call 35 --hang-s 20 training.agents=4 training.device_step_s=0.3``): 17 cycles
+  mpca --faults none,hang --at-call 35 --hang-s 20 training.agents=4 emulation.device_step_s=0.3``): 17 cycles
   without the hung agent over its 20 s (1.2 s a cycle) where an unfaulted cycle takes about 0.5 s.
 
 Checked against the measured cycle times (10 MB shards, 100 Mbit, :func:`mpca.sim.network.cycle_time`):

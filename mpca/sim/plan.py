@@ -74,7 +74,7 @@ class PlanConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     parameters: int = Field(ge=1, description="values the user's model exchanges")
-    device_step_s: float = Field(gt=0, description="T: one training step's device time (s; training.device_step_s)")
+    device_step_s: float = Field(gt=0, description="T: one training step's device time (s; emulation.device_step_s)")
     link_bps: float = Field(gt=0, description="every host's port, each direction")
     exchange_cpu_s_per_mb: float = Field(0.0, ge=0, description="CPU seconds per MB an agent moves in an exchange "
                                          "(mpca.sim.constants; 0: not modelled)")

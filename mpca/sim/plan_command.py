@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "every cell trains that model on a sample of the job's rows (see --gradients)")
     step = p.add_mutually_exclusive_group(required=True)
     step.add_argument("--device-step-s", type=float, metavar="SECONDS",
-                      help="T: the device time of one training step (training.device_step_s)")
+                      help="T: the device time of one training step (emulation.device_step_s)")
     step.add_argument("--measure", action="store_true", help="time a few steps of the model on this host (CPU "
                       "time on one core)")
     p.add_argument("--input-shape", default="", help="one sample's shape for --measure, e.g. 3,32,32 "
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "one agent, mpca and the paper's and today's yardsticks)")
     p.add_argument("--wire", default="fp32", help="fp32, bf16, int8 or int4")
     p.add_argument("--device-speed", default="", metavar="AGENT:SPEED,...",
-                   help="stragglers, e.g. 1:0.5: agent 1's steps take T / 0.5 (training.device_speed)")
+                   help="stragglers, e.g. 1:0.5: agent 1's steps take T / 0.5 (emulation.device_speed)")
     refuse_renamed(p, "--step-s", "--speeds")
     add_exchange_cpu_arguments(p)
     p.add_argument("--reduction", type=float, default=0.3, help="target: holdout error falls to this fraction "

@@ -31,8 +31,8 @@ RUN_SETTINGS: Tuple[RunSetting, ...] = (
     RunSetting("training.agents", "agents", "agents", 4),
     RunSetting("training.batch_size", "batch_size", "batch_size", 64),
     RunSetting("training.lock_step", "lock_step", "lock_step"),
-    RunSetting("training.device_step_s", "compute", "device_step_s", 0.3),  # the compute model's T
-    RunSetting("training.device_speed", "compute", "device_speed", ""),  # and its stragglers
+    RunSetting("emulation.device_step_s", "compute", "device_step_s", 0.3),  # the compute model's T
+    RunSetting("emulation.device_speed", "compute", "device_speed", ""),  # and its stragglers
     RunSetting("wire.format", "wire", "wire"),
     RunSetting("wire.block", "wire_block"),
     RunSetting("cluster.reduce", "reduce", "reduce", "tree"),
@@ -47,8 +47,8 @@ BUILT = ("algorithm", "compute")
 
 
 def spelled_by_field() -> Dict[str, str]:
-    """SimConfig field → the setting(s) that set it, e.g. ``compute`` → ``training.device_step_s and
-    training.device_speed``."""
+    """SimConfig field → the setting(s) that set it, e.g. ``compute`` → ``emulation.device_step_s and
+    emulation.device_speed``."""
     out: Dict[str, str] = {}
     for row in RUN_SETTINGS:
         out[row.field] = f"{out[row.field]} and {row.setting}" if row.field in out else row.setting

@@ -75,9 +75,9 @@ def unsimulated(settings: "Settings") -> Optional[str]:
     if t.elastic:
         return (f"training.agents {t.min_agents}-{t.agents} is a range (an elastic run): the simulator runs a fixed "
                 "number of agents (a run's joins replay as membership); give one count")
-    if t.device_step_s is None:
-        return ("training.device_step_s is not set: the simulator needs the device's step time "
-                "(training.device_step_s=SECONDS)")
+    if settings.emulation.device_step_s is None:
+        return ("emulation.device_step_s is not set: the simulator needs the device's step time "
+                "(emulation.device_step_s=SECONDS)")
     if settings.cluster.reduce == "scatter":
         return ("cluster.reduce: scatter (contributions reduce-scattered over the executors) is not simulated: "
                 "give tree or ordered")
@@ -134,13 +134,13 @@ class SimConfig(BaseModel):
     def from_settings(cls, settings: "Settings", jitter: float = 0.0, **own: Any) -> "SimConfig":
         """The simulation of a run's settings (:class:`mpca.config.Settings`: a job's YAML as ``mpca train`` reads
         it), each taken where the run spells it (:data:`mpca.sim.run_settings.RUN_SETTINGS`: ``algorithm``;
-        ``training.agents``, ``batch_size``, ``lock_step``, ``device_step_s`` and ``device_speed`` (the compute
-        model's T and its stragglers); ``wire.format`` and ``block``; ``cluster.reduce`` and ``agent_wait_s``;
+        ``training.agents``, ``batch_size``, ``lock_step``; ``emulation.device_step_s`` and ``device_speed`` (the
+        compute model's T and its stragglers); ``wire.format`` and ``block``; ``cluster.reduce`` and ``agent_wait_s``;
         ``stop.max_cycles``, ``max_seconds`` (virtual seconds here); ``eval.metric``; ``seed``; a setting left unset
         leaves its field's default), and ``stop.target`` unless ``targets`` is given.  ``jitter`` (the step time's log-normal σ) and ``own`` are
         the simulator's own fields, which no run setting spells (the network, the workload, ``eval_every_s``,
         ``targets``, absences ...); a field the run spells is refused (ValueError naming its setting)."""
-        t, stop = settings.training, settings.stop
+        e, stop = settings.emulation, settings.stop
         twice = sorted(k for k in own if k in RUN_SPELLED)
         if twice:
             raise ValueError(f"{twice[0]} is the run's {RUN_SPELLED[twice[0]]}: set it there")
@@ -150,7 +150,7 @@ class SimConfig(BaseModel):
         fields: Dict[str, Any] = {row.field: row.value(settings) for row in RUN_SETTINGS
                                   if row.field not in BUILT and row.value(settings) is not None}
         fields.update(algorithm=settings.algorithm,
-                      compute=ComputeModel(step_s=t.device_step_s, jitter=jitter, speeds=dict(t.device_speed),
+                      compute=ComputeModel(step_s=e.device_step_s, jitter=jitter, speeds=dict(e.device_speed),
                                            seed=settings.seed))
         if stop.target is not None and "targets" not in own:
             fields["targets"] = (stop.target,)

@@ -85,7 +85,7 @@ def test_compare_writes_table_json_and_plot_for_each_algorithm(spark, tmp_path):
 def test_an_emulation_the_machine_cannot_hold_is_marked_not_reported(spark, tmp_path):
     """Overloaded on purpose: an emulated device step of 0.1 ms, shorter than any real step, so every step is
     late; the table and compare.json say the run is not a result."""
-    cfg = load_config(["conf/digits.yaml"], ["progress=off", "training.device_step_s=0.0001"])
+    cfg = load_config(["conf/digits.yaml"], ["progress=off", "emulation.device_step_s=0.0001"])
     compare(spark, cfg, ["mpca"], [0.5], 6.0, 1, str(tmp_path), "none (test)")
     row = pd.read_csv(tmp_path / "compare.csv").set_index("algorithm").loc["mpca"]
     assert row["emulated devices"].startswith("INVALID: agents fell behind T"), row

@@ -85,8 +85,8 @@ def data(_spark_sessions):
 
 
 def run_spark(spark, df, holdout, algorithm, lock_step):
-    settings = {"training": {"agents": AGENTS, "batch_size": BATCH, "lock_step": lock_step,
-                             "device_step_s": STEP_S, "device_speed": STRAGGLER},
+    settings = {"training": {"agents": AGENTS, "batch_size": BATCH, "lock_step": lock_step},
+                "emulation": {"device_step_s": STEP_S, "device_speed": STRAGGLER},
                 "algorithm": algorithm, "cluster": {"reduce": "ordered"}, "stop": {"max_cycles": CYCLES},
                 "eval": {"every_cycles": None}, "progress": "off", "seed": 3}
     return Trainer(mlp, cross_entropy, sgd, settings, spark=spark).fit(df, holdout=holdout)
@@ -152,8 +152,8 @@ def test_a_late_join_a_loss_and_a_replacement_replayed_in_the_simulator_end_in_t
     cluster = {"reduce": "ordered", "agent_wait_s": 2.0}
     if lock_step:  # the kill lands just after a cycle's broadcast, while its job ends: never abandon that cycle
         cluster["cycle_deadline_s"] = 0
-    settings = {"training": {"agents": "2-3", "batch_size": BATCH, "lock_step": lock_step,
-                             "device_step_s": STEP_S, "device_speed": STRAGGLER},
+    settings = {"training": {"agents": "2-3", "batch_size": BATCH, "lock_step": lock_step},
+                "emulation": {"device_step_s": STEP_S, "device_speed": STRAGGLER},
                 "algorithm": algorithm, "cluster": cluster,
                 "stop": {"max_seconds": 70}, "eval": {"every_cycles": None}, "progress": "off", "seed": 3}
     # 70 s: the loss comes 10-15 s in, and the replacement answered 17-23 s after it here (35 s cut it off on a cold

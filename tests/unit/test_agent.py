@@ -9,7 +9,7 @@ import torch
 
 from mpca.algorithm import ShardLayout
 from mpca.algorithm.mpca import MPCA
-from mpca.config import DataSection, TrainingSection, WireSection
+from mpca.config import DataSection, EmulationSection, TrainingSection, WireSection
 from mpca.runtime.agent import Agent, AgentSpec
 from mpca.runtime.initial import InitialModel
 
@@ -377,8 +377,8 @@ def _emulated_agent(step_s, device_speed=None):
     spec = AgentSpec(run_id="t", secret=b"s", model_fn=_model, loss_fn=lambda out, y: out.sum(),
                      optimizer_fn=_frozen_sgd, layout=ShardLayout.from_module(m, 2), initial=InitialModel.shipping(m),
                      algorithm=MPCA(shards=2), data=DataSection(input_shape=[3]),
-                     training=TrainingSection(batch_size=2, device_step_s=step_s, device_speed=device_speed or {}),
-                     wire=FP32)
+                     training=TrainingSection(batch_size=2),
+                     emulation=EmulationSection(device_step_s=step_s, device_speed=device_speed or {}), wire=FP32)
     return Agent(spec, 0, torch.zeros(64, 3), torch.zeros(64, dtype=torch.long))
 
 

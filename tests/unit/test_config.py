@@ -138,6 +138,9 @@ def _bad_inputs(tmp):
         (train + ["cluster.gpus=64"], "CUDA device(s) visible"),
         (train + ["training.min_agents=3"], "min_agents=3 exceeds training.agents=2"),
         (train + ["training.agents=3-1"], "a range needs 1 <= MIN <= MAX"),
+        (train + ["training.device_step_s=0.3"], "training.device_step_s is now emulation.device_step_s"),  # moved
+        (train + ["training.device_speed={1: 0.5}"], "training.device_speed is now emulation.device_speed"),
+        (train + ["emulation.device_speed={1: 0.5}"], "emulation.device_speed needs emulation.device_step_s"),
         (train + ["training.agents=2-x"], "give a count (4) or a range MIN-MAX"),
         (train + ["data.path=x.parquet"], "data.path 'x.parquet' does not exist"),  # the override's source wins
         (train + ["data.path=x.csv", "data.format=csv"], "Spark reads as csv"),
@@ -148,7 +151,7 @@ def _bad_inputs(tmp):
         (["bench", "compare", "--device-speed", "1:0.5,2:0.5"], "the comparison slows one agent"),
         (["bench", "compare", "--straggler", "1:0.5"], "--straggler is now --device-speed"),  # renamed options
         (["bench", "compare", "--device-step", "0.1"], "--device-step is now --device-step-s"),
-        (["simulate", "--step-s", "0.1"], "--step-s is now --device-step-s (the one spelling of training.device_step_s"),
+        (["simulate", "--step-s", "0.1"], "--step-s is now --device-step-s (the one spelling of emulation.device_step_s"),
         (["plan", "--parameters", "1000", "--speeds", "1:0.5"], "--speeds is now --device-speed"),
         (["simulate", "--device-speed", "1:1.5"], "speeds in (0, 1]"),
         (["bench", "compare", "--regime", "vgga-gbe", "--network", "100mbit"], "sets --network 30mbit"),
@@ -194,7 +197,7 @@ def _on_lm_data(tmp, name, token=None, ragged=False):
     return ["train", "-c", "conf/lm.yaml", "data.dataset=null", f"data.path={tmp / name}"]
 
 
-CASES = len(MISTAKES) + 47  # with the cases below MISTAKES in _bad_inputs; the test checks the total
+CASES = len(MISTAKES) + 50  # with the cases below MISTAKES in _bad_inputs; the test checks the total
 
 
 @pytest.mark.parametrize("case", range(CASES))

@@ -114,7 +114,8 @@ def test_a_runs_settings_are_the_simulations_each_where_the_run_spells_it():
     from mpca.sim.simulator import SimConfig
 
     run = Settings.model_validate({
-        "training": {"agents": 3, "batch_size": 16, "lock_step": 4, "device_step_s": 0.05, "device_speed": {2: 0.5}},
+        "training": {"agents": 3, "batch_size": 16, "lock_step": 4},
+        "emulation": {"device_step_s": 0.05, "device_speed": {2: 0.5}},
         "algorithm": {"name": "mpca", "shards": 2}, "wire": {"format": "bf16", "block": 128},
         "cluster": {"reduce": "ordered", "agent_wait_s": 2.5},
         "stop": {"max_cycles": 9, "max_seconds": 40, "target_loss": 1.5}, "eval": {"metric": "loss"}, "seed": 3})
@@ -126,9 +127,10 @@ def test_a_runs_settings_are_the_simulations_each_where_the_run_spells_it():
     assert cfg.eval_every_s == 2.0
     with pytest.raises(ValueError, match="agents is the run's training.agents: set it there"):
         SimConfig.from_settings(run, agents=4)
-    for section, says in [({"training": {"agents": "2-3", "device_step_s": 0.1}}, "training.agents 2-3 is a range"),
-                          ({"training": {"agents": 2}}, "training.device_step_s is not set"),
-                          ({"training": {"device_step_s": 0.1}, "cluster": {"reduce": "scatter"}},
+    for section, says in [({"training": {"agents": "2-3"}, "emulation": {"device_step_s": 0.1}},
+                           "training.agents 2-3 is a range"),
+                          ({"training": {"agents": 2}}, "emulation.device_step_s is not set"),
+                          ({"emulation": {"device_step_s": 0.1}, "cluster": {"reduce": "scatter"}},
                            "cluster.reduce: scatter")]:
         with pytest.raises(ValueError, match=says):
             SimConfig.from_settings(Settings.model_validate(section))
@@ -144,7 +146,7 @@ def test_the_run_settings_table_names_real_settings_fields_and_options_and_a_set
     from mpca.sim.run_settings import RUN_SETTINGS
     from mpca.sim.simulator import SimConfig
 
-    run = Settings.model_validate({"training": {"agents": 2, "device_step_s": 0.1}})
+    run = Settings.model_validate({"training": {"agents": 2}, "emulation": {"device_step_s": 0.1}})
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     dests = {a.dest for a in parser._actions}
@@ -161,7 +163,7 @@ def test_simulate_with_a_job_config_runs_the_jobs_settings_and_model(tmp_path, c
     trained on a sample of its rows."""
     out = tmp_path / "sim.json"
     code = main(["simulate", "-c", DIGITS, "--rows", "300", "--json", str(out),
-                 "training.device_step_s=0.05", "stop.max_seconds=4", "algorithm.name=sync", "algorithm.sync.every=5"])
+                 "emulation.device_step_s=0.05", "stop.max_seconds=4", "algorithm.name=sync", "algorithm.sync.every=5"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "sync | 2 | fp32 | —" in printed and "t(0.03) s" in printed  # the job's stop.target_error: 0.03
@@ -175,11 +177,11 @@ def test_simulate_with_a_job_config_runs_the_jobs_settings_and_model(tmp_path, c
 
 @pytest.mark.parametrize("argv, says", [
     (["--agents", "3"], "--agents and --config: the job spells it training.agents; give training.agents=VALUE"),
-    (["--device-step-s", "0.1"], "the job spells it training.device_step_s"),
+    (["--device-step-s", "0.1"], "the job spells it emulation.device_step_s"),
     (["--seed", "1"], "the job spells it seed"),
     (["--hidden", "16"], "--hidden is the teacher MLP's task"),
-    (["training.device_step_s=0.1", "training.agents=0"], "training.agents"),
-    (["stop.max_seconds=2"], "training.device_step_s is not set"),
+    (["emulation.device_step_s=0.1", "training.agents=0"], "training.agents"),
+    (["stop.max_seconds=2"], "emulation.device_step_s is not set"),
 ])
 def test_simulate_with_a_job_config_refuses_a_setting_given_twice_in_one_line(argv, says, capsys):
     assert main(["simulate", "-c", DIGITS, *argv]) == 2

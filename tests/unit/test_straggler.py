@@ -26,9 +26,9 @@ def test_on_an_emulated_device_the_optimizer_does_not_sleep():
     sgd = functools.partial(torch.optim.SGD, lr=0.1)
     emulated, fn = straggler.straggle(settings_from(agents=2, device_step_s=0.1), sgd, 1, 0.5)
     assert fn is sgd  # the agent's DeviceClock waits out T / device_speed instead
-    assert emulated.training.device_speed == {1: 0.5} and emulated.training.device_step_s == 0.1
+    assert emulated.emulation.device_speed == {1: 0.5} and emulated.emulation.device_step_s == 0.1
     plain, fn = straggler.straggle(settings_from(agents=2), sgd, 1, 0.5)
-    assert plain.training.device_speed == {} and fn is not sgd
+    assert plain.emulation.device_speed == {} and fn is not sgd
 
 
 def test_only_the_named_partition_is_slowed():
