@@ -85,7 +85,8 @@ class PlanConfig(BaseModel):
                                      "algorithm section (flat keys, or a subsection per algorithm)")
     wire: WireFormat = "fp32"
     batch_size: int = Field(64, ge=1)
-    speeds: Dict[int, float] = Field(default_factory=dict)
+    device_speed: Dict[int, float] = Field(default_factory=dict, description="stragglers: agent → speed in (0, 1], "
+                                           "its steps take T / speed (emulation.device_speed)")
     reduction: float = Field(0.3, gt=0, lt=1, description="target: holdout error × this")
     target_error: Optional[float] = Field(None, gt=0, lt=1, description="target: this holdout error (instead of "
                                           "reduction × the start)")
@@ -263,7 +264,7 @@ def _plan(cfg: PlanConfig, progress: Optional[Callable[[GridRow], None]],
     codec = Codec(cfg.wire, DEFAULT_BLOCK, "float32")
     scale = codec.nbytes(cfg.parameters) / codec.nbytes(proxy_n)
     net = scaled_for_bytes(cfg.network(), scale)
-    compute = ComputeModel(step_s=cfg.device_step_s, speeds=dict(cfg.speeds))
+    compute = ComputeModel(step_s=cfg.device_step_s, speeds=dict(cfg.device_speed))
     metric = cfg.metric
     one = SimConfig(algorithm="single", agents=1, wire=cfg.wire, network=net, compute=compute, workload=work,
                     batch_size=cfg.batch_size, eval_every_s=5 * cfg.device_step_s, max_virtual_s=cfg.device_step_s / 2, metric=metric)

@@ -147,7 +147,7 @@ def config_from(args) -> tuple:
                          **({"algorithms": chosen} if chosen else {}),
                          settings=parse_overrides(args.overrides), wire=args.wire, batch_size=batch,
                          noise_scale=noise, pilot_steps=steps,
-                         speeds=parse_device_speed(args.device_speed), reduction=args.reduction, target_error=args.target_error, target_loss=args.target_loss, tolerance=args.tolerance,
+                         device_speed=parse_device_speed(args.device_speed), reduction=args.reduction, target_error=args.target_error, target_loss=args.target_loss, tolerance=args.tolerance,
                          seeds=args.seeds, periods=args.periods, proxy_hidden=_proxy_hidden(args),
                          exchange_cpu_s_per_mb=args.exchange_cpu, host_cores=args.host_cores)
         if own:
