@@ -38,7 +38,8 @@ A cell is text, a *figure*, or a list of them (joined without separators).  A fi
 
   ``metric``: ``time_to:<target>`` (seconds to a target, per repeat; a repeat that never reached it is null and
   the median is then null, as ``bench compare`` reports it), ``first_exchange_s`` (per repeat), or
-  ``reported:<key>`` (a figure ``bench compare`` reports once per series, e.g. ``bytes``, ``cycles``,
+  ``grid:<setting>:time_to:<target>`` or ``grid:<setting>:final_error`` (one run of the series' ``--tune`` grid,
+  ``n`` = 1), or ``reported:<key>`` (a figure ``bench compare`` reports once per series, e.g. ``bytes``, ``cycles``,
   ``duty_cycle``: ``n`` = 1, no spread; ``"scale"`` multiplies it, e.g. 1e-6 for MB), or
   ``sim_time_to:<target>`` (``"from"`` an ``mpca simulate --json`` file, no ``series``: its virtual time to the
   target, one seed, ``n`` = 1), or ``sim:<figure>`` (the same file: ``steps``, ``virtual_s``, ``wall_s``,
@@ -241,8 +242,8 @@ def derive(figure: Dict[str, Any]) -> Dict[str, Any]:
         _, mode, field = metric.split(":")
         return _spread([run.get(field) for run in _source(figure["from"])["runs"][mode]])
     series = _source(figure["from"])["algorithms"][figure["series"]]
-    if metric.startswith("reported:"):
-        value = series[metric.split(":", 1)[1]]
+    if metric.startswith("reported:") or metric.startswith("grid:"):
+        value = series[metric.split(":", 1)[1]] if metric.startswith("reported:") else grid_figure(series, metric)
         value = value * figure.get("scale", 1) if value is not None else None
         return {"values": [value], "n": 1, "median": value, "min": value, "max": value}
     runs = series["runs"]
@@ -255,6 +256,22 @@ def derive(figure: Dict[str, Any]) -> Dict[str, Any]:
     else:
         raise ValueError(f"unknown metric {metric!r}")
     return _spread(values)
+
+
+def grid_figure(series: Dict[str, Any], metric: str) -> Optional[float]:
+    """``grid:<setting>:time_to:<target>`` or ``grid:<setting>:final_error``: that setting's one run in the
+    series' ``--tune`` grid (compare.json's ``grid``; a target it never reached: None)."""
+    rest = metric.split(":", 1)[1]
+    if ":time_to:" in rest:
+        setting, target = rest.rsplit(":time_to:", 1)
+    elif rest.endswith(":final_error"):
+        setting, target = rest[:-len(":final_error")], None
+    else:
+        raise ValueError(f"unknown metric {metric!r}: grid:<setting>:time_to:<target> or grid:<setting>:final_error")
+    point = next((p for p in series.get("grid", []) if p["setting"] == setting), None)
+    if point is None:
+        raise ValueError(f"{metric!r}: the series' grid has no setting {setting!r}")
+    return _finite(point["time_to"].get(target) if target is not None else point["final_error"])
 
 
 def _spread(values: List[Optional[float]]) -> Dict[str, Any]:

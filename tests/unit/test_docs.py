@@ -358,6 +358,23 @@ def test_a_plan_figure_reads_a_cell_its_steps_and_settings_the_proxys_time_or_a_
     assert cell["ratio"][0]["value"] == pytest.approx(4.0) and cell["ratio"][1]["value"] == pytest.approx(4.0)
 
 
+def test_a_grid_figure_is_one_tuning_run_of_its_setting():
+    """grid:<setting>:time_to:<target> and grid:<setting>:final_error against a hand-written series: the setting's
+    own run (a target it missed, NaN in compare.json: null); a setting the grid lacks is an error."""
+    results = _results()
+    series = {"grid": [{"setting": "alpha.target=0.1", "time_to": {"0.24": 53.2}, "final_error": 0.239},
+                       {"setting": "alpha.target=0.1,min_cycle_interval_s=3", "time_to": {"0.24": 39.6, "0.2": float("nan")},
+                        "final_error": 0.237}]}
+    f = results.grid_figure
+    assert f(series, "grid:alpha.target=0.1:time_to:0.24") == 53.2
+    assert f(series, "grid:alpha.target=0.1,min_cycle_interval_s=3:time_to:0.24") == 39.6
+    assert f(series, "grid:alpha.target=0.1,min_cycle_interval_s=3:time_to:0.2") is None
+    assert f(series, "grid:alpha.target=0.1:final_error") == 0.239
+    for bad in ("grid:alpha.target=0.3:time_to:0.24", "grid:alpha.target=0.1:cycles"):
+        with pytest.raises(ValueError):
+            f(series, bad)
+
+
 def test_a_campaign_figure_at_a_time_is_its_first_resource_sample_from_then():
     """campaign:at:<t>:<process>:<figure> against hand-written samples: the first sample at or after t; an agent's
     process that was not up then is null; a time past the last sample is null."""
