@@ -137,9 +137,10 @@ class SimConfig(BaseModel):
         ``training.agents``, ``batch_size``, ``lock_step``; ``emulation.device_step_s`` and ``device_speed`` (the
         compute model's T and its stragglers); ``wire.format`` and ``block``; ``cluster.reduce`` and ``agent_wait_s``;
         ``stop.max_cycles``, ``max_seconds`` (virtual seconds here); ``eval.metric``; ``seed``; a setting left unset
-        leaves its field's default), and ``stop.target`` unless ``targets`` is given.  ``jitter`` (the step time's log-normal σ) and ``own`` are
-        the simulator's own fields, which no run setting spells (the network, the workload, ``eval_every_s``,
-        ``targets``, absences ...); a field the run spells is refused (ValueError naming its setting)."""
+        leaves its field's default), and ``stop.target`` unless ``targets`` is given.  ``jitter`` (the step time's
+        log-normal σ) and ``own`` are the simulator's own fields, which no run setting spells (the network, the
+        workload, ``eval_every_s``, ``targets``, absences ...); a field the run spells is refused (ValueError naming
+        its setting)."""
         e, stop = settings.emulation, settings.stop
         twice = sorted(k for k in own if k in RUN_SPELLED)
         if twice:
@@ -147,8 +148,8 @@ class SimConfig(BaseModel):
         problem = unsimulated(settings)
         if problem:
             raise ValueError(problem)
-        fields: Dict[str, Any] = {row.field: row.value(settings) for row in RUN_SETTINGS
-                                  if row.field not in BUILT and row.value(settings) is not None}
+        given = ((row.field, row.value(settings)) for row in RUN_SETTINGS if row.field not in BUILT)
+        fields: Dict[str, Any] = {name: value for name, value in given if value is not None}
         fields.update(algorithm=settings.algorithm,
                       compute=ComputeModel(step_s=e.device_step_s, jitter=jitter, speeds=dict(e.device_speed),
                                            seed=settings.seed))
