@@ -51,7 +51,7 @@ class AgentContext:
     device: torch.device
     rows: int = 0
     service: Any = None  # a ServiceClient (``request(header, payload) -> (header, payload)``) or None
-    rendezvous: Dict[str, Any] = field(default_factory=dict)  # what DriverRule.rendezvous returned
+    collective: Any = None  # the transport among the agents (mpca.algorithm.collective.Collective), for ddp
     lock: Any = None  # the agent's step lock: held around before_step … after_step, and around the shard hooks
     stats: Callable[[], Dict[str, Any]] = dict  # the agent's counters (steps, samples, loss), for service headers
     stopping: Callable[[], bool] = bool  # whether the driver asked this agent to stop (for rules that wait)

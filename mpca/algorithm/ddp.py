@@ -1,7 +1,9 @@
 """Per-step synchronous data parallelism (what TorchDistributor's DDP gives): after every backward pass the
 agents average their gradients with an all-reduce (torch.distributed: gloo on the CPU, NCCL on GPUs), so
 every replica takes the same optimizer step.  The driver arranges the rendezvous (a TCPStore it hosts)
-and only observes the model; nothing else is exchanged through Spark.
+and only observes the model; nothing else is exchanged through Spark.  The agents reach the store and each
+other through the transport their runner provides (:mod:`mpca.algorithm.collective`): torch.distributed on
+Spark, the K agents met in one process in the simulator.
 
 With a lossy wire format (bf16, int8, int4) the gradients go round a ring of encoded messages with error
 feedback instead (:mod:`mpca.algorithm.ring`, DDP's compression hook: 2 (K − 1) / K of the encoded gradient
@@ -30,9 +32,9 @@ import torch
 from pydantic import Field
 
 from mpca.algorithm.base import AgentRule, Algorithm
+from mpca.algorithm.collective import Collective
 from mpca.algorithm.membership import Generation, Membership, first_generation
 from mpca.algorithm.registry import register
-from mpca.algorithm.ring import ring_all_reduce_
 from mpca.algorithm.rounds import digest
 from mpca.algorithm.single import ObservingDriver
 from mpca.algorithm.wire import ErrorFeedback
@@ -53,22 +55,19 @@ class DDPAgent(AgentRule):
 
     def __init__(self, ctx, timeout_s: float, verify_every: int, settle_s: float = 2.0):
         super().__init__(ctx)
-        import torch.distributed as dist
-
         if ctx.rows == 0:
             raise ValueError(f"ddp needs rows on every agent; agent {ctx.agent_id} got an empty partition "
                              "(repartition the data or use fewer agents)")
-        self.dist = dist
-        self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore(ctx.rendezvous["host"], int(ctx.rendezvous["port"]), None, False,
-                                   timeout=self.timeout)
-        self.prefix = ctx.rendezvous["prefix"]
-        self.membership = Membership(dist.PrefixStore(f"{self.prefix}/members", self.store), ctx.agent_id,
+        if ctx.collective is None:
+            raise ValueError("ddp needs the transport among its agents: AgentContext.collective "
+                             "(mpca.algorithm.collective) was not given")
+        self.group: Collective = ctx.collective
+        self.store = self.group.store(timeout_s)
+        self.membership = Membership(prefixed("members", self.store), ctx.agent_id,
                                      ctx.agents, settle_s=settle_s, timeout_s=timeout_s, stopping=ctx.stopping)
-        self.backend = "gloo"  # decided per generation from the members' devices (choose_backend)
+        self.backend = "gloo"  # decided per generation by the transport (from the members' devices)
         self.codec = ctx.wire.codec
         self.feedback = None  # a lossy wire format's error feedback, per generation (its chunks are the world's)
-        self.ring_group = None
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.verify_every = verify_every
         self.steps = 0
@@ -91,26 +90,20 @@ class DDPAgent(AgentRule):
 
     # ---------------------------------------------------------------- the group
     def _form(self, gen: Generation) -> None:
-        store = self.dist.PrefixStore(f"{self.prefix}/g{gen.number}", self.store)
-        store.set(f"device/{self.ctx.agent_id}", device_identity(self.ctx.device))
-        self.backend = choose_backend([store.get(f"device/{a}").decode() for a in gen.members])
-        self.dist.init_process_group(self.backend, store=store, rank=gen.rank(self.ctx.agent_id),
-                                     world_size=gen.world, timeout=self.timeout)
-        # a lossy wire format: the gradients go round mpca's ring of encoded messages (CPU tensors, hence a gloo
-        # group beside an NCCL one), with this agent's error feedback (fresh: the chunks follow the world size)
+        # a lossy wire format: the gradients go round mpca's ring of encoded messages, with this agent's error
+        # feedback (fresh: the chunks follow the world size)
         self.feedback = ErrorFeedback(self.codec) if self.codec.lossy else None
-        self.ring_group = self.dist.new_group(backend="gloo") if self.feedback is not None and self.backend != "gloo" \
-            else None
+        self.backend = self.group.form(prefixed(f"g{gen.number}", self.store), gen.rank(self.ctx.agent_id),
+                                       gen.world, self.ctx.device, lossy=self.feedback is not None)
         if gen.number > 0:
-            adopt_state(self.dist, self.ctx.model, self.ctx.optimizer, gen.rank(gen.source), self.ctx.device)
+            adopt_state(self.group, self.ctx.model, self.ctx.optimizer, gen.rank(gen.source), self.ctx.device)
             self.steps = gen.steps
         self.generation = gen
         self.reform = None
 
     def _leave(self) -> None:
         self.generation = None
-        if self.dist.is_initialized():
-            self.dist.destroy_process_group()
+        self.group.leave()
 
     def between_steps(self) -> None:
         if self.reform is None or self.stop_all:
@@ -155,15 +148,14 @@ class DDPAgent(AgentRule):
         try:
             if self.feedback is None:
                 flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [flags])
-                self.dist.all_reduce(flat)
+                self.group.all_reduce_(flat)
                 self.wire_bytes += int(flat.numel() * flat.element_size() * 2 * (gen.world - 1) / gen.world)
                 flags = flat[-2:]
                 flat = flat[:-2]
             else:
-                self.dist.all_reduce(flags)  # exact: a quantised flag could round to 0 in a block of large gradients
+                self.group.all_reduce_(flags)  # exact: a quantised flag could round to 0 among large gradients
                 flat = torch.cat([g.detach().reshape(-1).to(torch.float32).cpu() for g in grads])
-                self.wire_bytes += ring_all_reduce_(flat, gen.rank(self.ctx.agent_id), gen.world, self.feedback,
-                                                    self.dist, self.ring_group)
+                self.wire_bytes += self.group.ring_all_reduce_(flat, self.feedback)
                 flat = flat.to(self.ctx.device)
         except RuntimeError as e:  # a rank is gone (its connection closed) or silent past the timeout
             log.warning("ddp: agent %s: the all-reduce of generation %d failed (%s); re-forming the group with the "
@@ -205,37 +197,26 @@ class DDPAgent(AgentRule):
         self._leave()
 
 
-def device_identity(device) -> str:
-    """Which physical device an agent trains on, comparable across processes: ``cpu``, or ``cuda:`` with the
-    host name and the GPU's UUID (two executors on one host can be given the same GPU)."""
-    if device.type != "cuda":
-        return "cpu"
-    import socket
+def prefixed(prefix: str, store):
+    """``store``'s keys under ``prefix/`` (torch.distributed's PrefixStore, over any of its stores)."""
+    from torch.distributed import PrefixStore
 
-    return f"cuda:{socket.gethostname()}:{torch.cuda.get_device_properties(device).uuid}"
+    return PrefixStore(prefix, store)
 
 
-def choose_backend(identities) -> str:
-    """NCCL when every member trains on its own GPU; gloo otherwise — CPUs, a mix, or two members on one GPU,
-    which NCCL refuses ("Duplicate GPU detected") and gloo's all-reduce of CUDA tensors serves."""
-    ids = list(identities)
-    if ids and all(i.startswith("cuda:") for i in ids) and len(set(ids)) == len(ids):
-        return "nccl"
-    return "gloo"
-
-
-def adopt_state(dist, model: torch.nn.Module, optimizer: torch.optim.Optimizer, src: int, device) -> None:
+def adopt_state(group: Collective, model: torch.nn.Module, optimizer: torch.optim.Optimizer, src: int,
+                device) -> None:
     """Every rank of the (new) group takes rank ``src``'s model (parameters and buffers) and optimizer state,
     over the group's own broadcasts: tensors as tensors, the optimizer's layout as JSON bytes — nothing is
     unpickled."""
-    me = dist.get_rank()
-    broadcast_tensors(dist, list(model.state_dict().values()), src)
+    me = group.rank
+    broadcast_tensors(group, list(model.state_dict().values()), src)
     meta, tensors = (optimizer_layout(optimizer) if me == src else (None, []))
-    meta = broadcast_json(dist, meta, src, device)
+    meta = broadcast_json(group, meta, src, device)
     if me != src:
         tensors = [torch.empty(shape, dtype=getattr(torch, dtype), device=device)
                    for _, _, dtype, shape in meta["tensors"]]
-    broadcast_tensors(dist, tensors, src)
+    broadcast_tensors(group, tensors, src)
     if me != src:
         optimizer.load_state_dict(optimizer_state(meta, tensors))
 
@@ -264,14 +245,14 @@ def optimizer_state(meta, tensors) -> dict:
     return {"state": state, "param_groups": meta["groups"]}
 
 
-def broadcast_tensors(dist, tensors, src: int) -> None:
+def broadcast_tensors(group: Collective, tensors, src: int) -> None:
     """Broadcast ``tensors`` from ``src`` in place: one flat message per dtype and device."""
     groups: dict = {}
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)
     for (dtype, device), ts in sorted(groups.items(), key=lambda kv: str(kv[0])):
         flat = torch.cat([t.detach().reshape(-1) for t in ts]) if ts else torch.empty(0, dtype=dtype, device=device)
-        dist.broadcast(flat, src)
+        group.broadcast_(flat, src)
         off = 0
         with torch.no_grad():
             for t in ts:
@@ -279,14 +260,14 @@ def broadcast_tensors(dist, tensors, src: int) -> None:
                 off += t.numel()
 
 
-def broadcast_json(dist, value, src: int, device):
+def broadcast_json(group: Collective, value, src: int, device):
     """A JSON value from ``src`` to every rank (its length, then its UTF-8 bytes, as tensors)."""
-    data = json.dumps(value).encode() if dist.get_rank() == src else b""
+    data = json.dumps(value).encode() if group.rank == src else b""
     size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    dist.broadcast(size, src)
+    group.broadcast_(size, src)
     buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if data else \
         torch.empty(int(size), dtype=torch.uint8, device=device)
-    dist.broadcast(buf, src)
+    group.broadcast_(buf, src)
     return json.loads(bytes(buf.cpu().numpy()).decode())
 
 

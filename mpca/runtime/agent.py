@@ -40,6 +40,7 @@ from mpca.runtime.agent_server import ChannelServer
 from mpca.runtime.protocol import AGENT_OPS, SERVICE_OPS
 from mpca.runtime.channel import listen, listen_tcp
 from mpca.runtime.cluster import visible_gpus
+from mpca.runtime.collective import TorchCollective
 from mpca.runtime.initial import InitialModel, rebuild
 from mpca.runtime.reports import AgentReport
 from mpca.runtime.rundir import COORDINATOR, RunDir, reachable_host
@@ -182,7 +183,8 @@ class Agent:
         self.codec = spec.codec
         ctx = AgentContext(agent_id=agent_id, agents=spec.training.agents, model=self.model,
                            optimizer=self.optimizer, shards=self.shards, device=self.device,
-                           rows=int(features.shape[0]), service=self.service, rendezvous=dict(spec.rendezvous),
+                           rows=int(features.shape[0]), service=self.service,
+                           collective=TorchCollective(spec.rendezvous) if spec.algorithm.collective else None,
                            lock=self.lock, stats=self._counters, stopping=lambda: self.stop_requested,
                            wire=ErrorFeedback(self.codec), start_agents=spec.training.start_agents)
         self.feedback = ErrorFeedback(self.codec)  # what its last contribution of each shard lost (lossy formats)

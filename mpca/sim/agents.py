@@ -19,12 +19,13 @@ from mpca.exchange.lock_step import LockStep
 
 class SimAgent:
     """One agent of the simulation (see the module doc); ``service``: its simulated service client or None;
-    ``lock_step``: its windows of that many steps per cycle (``training.lock_step``), or None."""
+    ``lock_step``: its windows of that many steps per cycle (``training.lock_step``), or None; ``collective``:
+    its handle on the agents' transport (ddp's, :mod:`mpca.sim.collective`), or None."""
 
     def __init__(self, agent_id: int, agents: int, algorithm: Algorithm, layout: ShardLayout,
                  init_state: Dict[str, torch.Tensor], model_fn: Callable[[], torch.nn.Module], loss_fn,
                  optimizer_fn, features: torch.Tensor, labels: torch.Tensor, batch_size: int, codec: Codec,
-                 seed: int = 0, service: Any = None, lock_step: Optional[int] = None):
+                 seed: int = 0, service: Any = None, lock_step: Optional[int] = None, collective: Any = None):
         self.id = agent_id
         torch.manual_seed(seed + 1000 * agent_id)  # as the runtime's agent
         self.model = model_fn()
@@ -46,7 +47,7 @@ class SimAgent:
         ctx = AgentContext(agent_id=agent_id, agents=agents, model=self.model, optimizer=self.optimizer,
                            shards=self.shards, device=torch.device("cpu"), rows=int(features.shape[0]),
                            service=service, lock=threading.Lock(), stats=self.counters,
-                           stopping=lambda: self.stopping, wire=ErrorFeedback(codec))
+                           stopping=lambda: self.stopping, wire=ErrorFeedback(codec), collective=collective)
         self.rule: AgentRule = algorithm.agent_factory()(ctx)
 
     def counters(self) -> Dict[str, Any]:

@@ -102,11 +102,6 @@ def broadcast_time(agents: int, nbytes: float, net: NetworkConstants) -> float:
         (1 + hops) * net.latency_s
 
 
-def ring_allreduce_bytes(agents: int, nbytes: float) -> float:
-    """Bytes each host sends in a ring all-reduce of ``nbytes``: 2(K−1)/K of it."""
-    return 0.0 if agents <= 1 else 2.0 * (agents - 1) / agents * nbytes
-
-
 def ring_allreduce_time(agents: int, nbytes: float, net: NetworkConstants) -> float:
     """2(K−1) steps, each sending B/K bytes over every host's port at once."""
     if agents <= 1:

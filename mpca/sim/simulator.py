@@ -18,13 +18,12 @@ Each agent really trains its own model copy on its own rows (:mod:`mpca.sim.work
 
 Supported: every registered algorithm but those below.  Refused with a ValueError:
 ``rudra-hardsync`` and ``weaksync`` (their ``serve`` waits on a condition for other agents' requests, or on the
-wall clock, which one thread in virtual time cannot do).  ``ddp`` is the one exception to "the library's rule
-objects": its agent rule joins a torch.distributed process group, so the simulator applies DDPAgent.after_backward's
-math without one — the mean of the K agents' gradients (their sum / K) given to every replica before its
-optimizer step, so the replicas stay identical — with one step taking the slowest agent's device time plus
-the ring all-reduce's (:func:`~mpca.sim.network.ring_allreduce_time`); with a lossy wire format the
-gradients go through the runtime's own compression hook (:func:`mpca.algorithm.ring.ring_in_lock_step`:
-encoded chunks, per-rank error feedback, every replica the owner's decoded bytes).  The driver's joint model is evaluated on the
+wall clock, which one thread in virtual time cannot do).  ``ddp``'s agents (``Algorithm.collective``) step
+together: each rule runs its own all-reduce (DDPAgent.after_backward: the gradients' mean, or with a lossy wire
+format the runtime's encoded ring with per-rank error feedback) over the simulator's transport
+(:mod:`mpca.sim.collective`: the K rules in K threads meeting in one room), and one step takes the slowest
+agent's device time plus the ring all-reduce's over the bytes they sent
+(:func:`~mpca.sim.network.ring_allreduce_time`).  The driver's joint model is evaluated on the
 holdout every ``eval_every_s`` virtual seconds, at no virtual cost (ddp: agent 0's replica; single: the agent's
 own model, not the driver's snapshot of it), and each history
 row carries the driver rule's ``metrics()`` since the last one (e.g. Rudra's ⟨σ⟩), as the runtime's history.
@@ -36,22 +35,23 @@ from __future__ import annotations
 
 import copy
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from mpca.algorithm.base import Algorithm, AgentRule
+from mpca.algorithm.base import Algorithm
 from mpca.algorithm.registry import build as build_algorithm
-from mpca.algorithm.ring import ring_in_lock_step
 from mpca.algorithm.wire import DEFAULT_BLOCK, Codec, ErrorFeedback, WireFormat
 from mpca.evaluation import evaluate, has_batchnorm, recalibrate_batchnorm
 from mpca.sim.agents import SimAgent
 from mpca.sim.clock import VirtualClock
+from mpca.sim.collective import Room
 from mpca.exchange.device import ComputeModel
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.cycles import VirtualPipeline
-from mpca.sim.network import DriverPort, ring_allreduce_bytes, ring_allreduce_time
+from mpca.sim.network import DriverPort, ring_allreduce_time
 from mpca.sim.presence import Absence, MembershipChange, Presence
 from mpca.sim.result import HistoryRow, SimResult
 from mpca.sim.run_settings import BUILT, RUN_SETTINGS, spelled_by_field
@@ -209,7 +209,9 @@ class Simulator:
         self.cfg = cfg
         algo, K, work = cfg.algorithm, cfg.agents, cfg.workload
         self.K = K
-        self.ddp = algo.collective  # the agents' all-reduce, simulated here (torch.distributed is not)
+        self.ddp = algo.collective  # the agents average among themselves every step, in one room
+        self.room = Room(K) if self.ddp else None
+        self.pool: Optional[ThreadPoolExecutor] = None  # the ranks' threads, while a collective run goes on
         torch.manual_seed(cfg.seed)
         model = work.model_fn()
         self.layout = algo.shard_layout(model)
@@ -218,7 +220,6 @@ class Simulator:
         init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.wire = algo.wire_format(cfg.wire)
         self.codec = Codec.of(self.wire, cfg.wire_block, self.layout.wire_dtype)
-        self.ring_feedback = [ErrorFeedback(self.codec) for _ in range(K)]  # ddp's compressed ring, per rank
         self.clock = VirtualClock()
         self.port = DriverPort(cfg.network)
         self.now = [0.0] * K  # each agent's virtual time while its hooks run
@@ -267,9 +268,10 @@ class Simulator:
         """Agent ``a``'s process: its rule built by the algorithm's factory, its model from the run's start (a
         replacement's is overwritten by the join), a fresh optimizer, its own rows."""
         x, y = self.rows[a]
-        return SimAgent(a, self.K, self.cfg.algorithm if not self.ddp else _PlainRule(), self.layout, self.init_state,
-                        self.cfg.workload.model_fn, self.cfg.workload.loss_fn, self.cfg.workload.optimizer_fn, x, y,
-                        self.cfg.batch_size, self.codec, self.cfg.seed, self.clients[a], self.cfg.lock_step)
+        return SimAgent(a, self.K, self.cfg.algorithm, self.layout, self.init_state, self.cfg.workload.model_fn,
+                        self.cfg.workload.loss_fn, self.cfg.workload.optimizer_fn, x, y, self.cfg.batch_size,
+                        self.codec, self.cfg.seed, self.clients[a], self.cfg.lock_step,
+                        self.room.member(a) if self.room is not None else None)
 
     def _later(self, t: float, a: int, event) -> None:
         """Schedule one of agent ``a``'s own events; it is dropped if the process is lost meanwhile, and held
@@ -390,35 +392,28 @@ class Simulator:
 
     # ------------------------------------------------------------------ ddp
     def _ddp_step(self, t: float) -> None:
-        """Every replica's gradient, their mean (sum / K, as DDPAgent.after_backward) given to each, then each
-        optimizer's step; the slowest device time plus the ring all-reduce's."""
+        """Every agent's step together: forward and backward in agent order (the global RNG as in the other
+        algorithms' runs), then every rule's after_backward, optimizer step and between_steps in its own thread,
+        their all-reduce met in the room (:mod:`mpca.sim.collective`); the slowest device time plus the ring's
+        over the bytes the rules sent."""
         batches = [ag.compute_gradients() for ag in self.agents]
-        params = [[p for p in ag.model.parameters() if p.requires_grad] for ag in self.agents]
-        n = sum(p.numel() for p in params[0])
-        if self.codec.lossy:  # the runtime's compression hook itself: mpca.algorithm.ring, every rank in lock step
-            flats = [torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-                                for p in ps]).numpy() for ps in params]
-            sums, _ = ring_in_lock_step(flats, self.ring_feedback)
-            for ps, total in zip(params, sums):
-                mean = torch.from_numpy(total) / self.K
-                for p, g in zip(ps, torch.split(mean, [p.numel() for p in ps])):
-                    p.grad = g.view_as(p).to(p.dtype).clone()
-            grad_bytes = self.codec.nbytes(n)
-        else:
-            for i in range(len(params[0])):
-                grads = [ps[i].grad if ps[i].grad is not None else torch.zeros_like(ps[i]) for ps in params]
-                total = grads[0].clone()
-                for g in grads[1:]:
-                    total += g
-                total /= self.K
-                for ps in params:
-                    ps[i].grad = total.clone()
-            grad_bytes = 4 * (n + 1)  # float32 gradients and the stop flag
-        for ag, b in zip(self.agents, batches):
-            ag.apply_step(b)
-        self.result.ring_bytes += ring_allreduce_bytes(self.K, grad_bytes)
-        took = max(c.next_step_s() for c in self.clocks) + ring_allreduce_time(self.K, grad_bytes, self.cfg.network)
+        before = [ag.rule.wire_bytes for ag in self.agents]
+        list(self.pool.map(self._ddp_rest, self.agents, batches))
+        sent = sum(ag.rule.wire_bytes - b for ag, b in zip(self.agents, before)) / self.K  # bytes per host
+        self.result.ring_bytes += sent
+        gradient_bytes = sent * self.K / (2 * (self.K - 1)) if self.K > 1 else 0.0  # sent is 2 (K − 1) / K of it
+        took = max(c.next_step_s() for c in self.clocks) + ring_allreduce_time(self.K, gradient_bytes,
+                                                                                self.cfg.network)
         self.clock.schedule(t + took, self._ddp_step)
+
+    def _ddp_rest(self, ag: SimAgent, batch: tuple) -> None:
+        try:
+            ag.rule.after_backward()
+            ag.apply_step(batch)
+            ag.rule.between_steps()
+        except BaseException:
+            self.room.abort()  # the other ranks' collective raises instead of waiting for this one
+            raise
 
     # ------------------------------------------------------------------ evaluation
     def joint_vectors(self) -> List[torch.Tensor]:
@@ -457,7 +452,12 @@ class Simulator:
         cycles = self.cfg.max_cycles
         ended = (lambda: self.done) if cycles is None or self.pipeline is None else \
             (lambda: self.done or self.pipeline.cycle_no >= cycles)
-        self.clock.run_until(self.cfg.max_virtual_s, stop=ended)
+        if self.ddp:
+            with ThreadPoolExecutor(max_workers=self.K, thread_name_prefix="sim-rank") as self.pool:
+                self.clock.run_until(self.cfg.max_virtual_s, stop=ended)
+            self.pool = None
+        else:
+            self.clock.run_until(self.cfg.max_virtual_s, stop=ended)
         if cycles is not None and self.pipeline is not None and self.pipeline.cycle_no >= cycles:
             self.pipeline.schedule.flush()  # as the runtime's stop: the joint model holds every reduction
         res = self.result
@@ -472,16 +472,6 @@ class Simulator:
         res.reach()
         res.wall_s = time.perf_counter() - wall
         return res
-
-
-class _PlainRule(Algorithm):
-    """ddp's stand-in for the agent factory: hooks that do nothing (the simulator averages the gradients)."""
-
-    name: str = "ddp"
-    buffers: str = "average"
-
-    def agent_factory(self):
-        return AgentRule
 
 
 def simulate(cfg: SimConfig) -> SimResult:

@@ -128,15 +128,3 @@ def test_an_optimizer_state_survives_its_json_layout_and_tensors():
     for i, entry in want["state"].items():
         for k, v in entry.items():
             assert torch.equal(torch.as_tensor(got["state"][i][k]), torch.as_tensor(v)), (i, k)
-
-
-def test_ddp_uses_nccl_only_when_every_member_has_a_gpu_of_its_own():
-    from mpca.algorithm.ddp import choose_backend, device_identity
-
-    a, b = "cuda:host1:GPU-aaaa", "cuda:host1:GPU-bbbb"
-    assert choose_backend([a, b]) == "nccl"
-    assert choose_backend([a, a]) == "gloo"  # two executors given the same GPU: NCCL would refuse the group
-    assert choose_backend([a, "cpu"]) == "gloo"
-    assert choose_backend(["cpu", "cpu"]) == "gloo"
-    assert choose_backend([]) == "gloo"
-    assert device_identity(torch.device("cpu")) == "cpu"

@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 import torch
 
+from mpca.algorithm.ddp import DDPAgent
+from mpca.algorithm.ring import chunk_bounds
 from mpca.algorithm.rounds import digest
 from mpca.algorithm.sync import SyncDriver
 from mpca.algorithm.wire import Codec
@@ -201,15 +203,21 @@ def test_lossy_wire_formats_move_fewer_bytes():
 
 @pytest.mark.parametrize("wire", ["fp32", "int8"])
 def test_ddp_keeps_replicas_identical_and_pays_the_ring(wire):
-    """fp32: the mean gradient; int8: the runtime's compressed ring itself (mpca.algorithm.ring), a quarter of
-    the bytes and still identical replicas."""
+    """ddp's own agent rule over the simulator's transport.  fp32: the mean gradient and the two flags (stop,
+    re-form) in one all-reduce, as on Spark (the simulator's copy of the arithmetic had one flag); int8: the
+    runtime's compressed ring itself (mpca.algorithm.ring), a quarter of the bytes and still identical
+    replicas."""
     sim = Simulator(config("ddp", max_virtual_s=5.5, wire=wire))
     res = sim.run()
+    assert all(type(ag.rule) is DDPAgent for ag in sim.agents)  # the library's own rule, no stand-in
     a, b = (ag.shards.read(0) for ag in sim.agents)
     assert torch.equal(a, b) and sim.agents[0].steps == sim.agents[1].steps
     n = sum(p.numel() for p in sim.agents[0].model.parameters())
     per_step = res.ring_bytes / sim.agents[0].steps
-    assert per_step == pytest.approx((4 * (n + 1) if wire == "fp32" else Codec("int8").nbytes(n)) * 2 * (2 - 1) / 2)
+    # at K = 2 each rank sends each of the two chunks once (2 (K − 1) / K = 1 of the vector), every chunk encoded
+    # with its own block scales
+    chunks = sum(Codec("int8").nbytes(hi - lo) for lo, hi in chunk_bounds(n, 2))
+    assert per_step == (4 * (n + 2) if wire == "fp32" else chunks)
 
 
 @pytest.mark.parametrize("algorithm, wire, why", [("rudra-hardsync", "fp32", "waits inside serve"),
