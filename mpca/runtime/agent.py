@@ -9,11 +9,9 @@ it hands out shard snapshots with the rule's weight (the YieldContext) and takes
 from __future__ import annotations
 
 import collections
-import contextlib
 import fcntl
 import functools
 import logging
-import math
 import os
 import threading
 import time
@@ -21,23 +19,19 @@ import traceback
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 
 from mpca.algorithm import AgentContext, AgentRule, Algorithm, ShardLayout, build_algorithm
 from mpca.algorithm.wire import Codec, ErrorFeedback
 from mpca.config import DataSection, EmulationSection, TrainingSection, WireSection
-from mpca.data.arrow import UnreadableRows
-from mpca.data.checks import found_in_agent, label_counts, labels_problem, unreadable
-from mpca.data.stream import ramp_rows
-from mpca.exchange.agent_step import BatchOrder, batch_seed, finite, forward_backward, optimizer_step, wire_bytes
+from mpca.data.checks import found_in_agent, label_counts, labels_problem
 from mpca.exchange.device import ComputeModel, DeviceClock
-from mpca.exchange.timeouts import TASK_TIMEOUT_S
-from mpca.runtime import placement, protocol
-from mpca.runtime.agent_leave import LeaveOnRequest, hand_in, watch_for_leave
+from mpca.runtime import placement
+from mpca.runtime.agent_answers import ExchangeAnswers
+from mpca.runtime.agent_leave import LeaveOnRequest, watch_for_leave
+from mpca.runtime.agent_loop import TrainingLoop
 from mpca.runtime.agent_pacing import PacedWindows
 from mpca.runtime.agent_server import ChannelServer
-from mpca.runtime.protocol import AGENT_OPS, SERVICE_OPS
 from mpca.runtime.channel import listen, listen_tcp
 from mpca.runtime.cluster import visible_gpus
 from mpca.runtime.collective import TorchCollective
@@ -94,8 +88,10 @@ def choose_device(gpu_addresses: List[str]) -> torch.device:
     return torch.device("cpu")
 
 
-class Agent:
-    """A local replica, its training loop, and the algorithm's agent rule called around every step."""
+class Agent(TrainingLoop, ExchangeAnswers):
+    """A local replica and the algorithm's agent rule called around every step: its state and its start here, its
+    training loop in :mod:`mpca.runtime.agent_loop`, its answers to the driver's exchange tasks in
+    :mod:`mpca.runtime.agent_answers`, its leaving a decommissioned executor in :mod:`mpca.runtime.agent_leave`."""
 
     def __init__(self, spec: AgentSpec, agent_id: int, features: torch.Tensor, labels: torch.Tensor,
                  gpu_addresses: Optional[List[str]] = None, attempt: int = 0, data_on_host: bool = False,
@@ -214,167 +210,6 @@ class Agent:
             return None
         return ComputeModel(step_s=emulation.device_step_s, speeds=dict(emulation.device_speed)).clock(self.id).mean
 
-    def train_forever(self) -> None:
-        if self.error:  # its rows were refused: it answers until stopped, so that the driver says why
-            return
-        gen = torch.Generator().manual_seed(batch_seed(self.spec.seed, self.id))
-        bs = self.spec.training.batch_size
-        self.model.train()
-        if self.spec.training.agent_cpus:
-            os.sched_setaffinity(0, self.spec.training.agent_cpus)  # on Linux: this (training) thread only
-        try:
-            batches_of = self.joins  # the joins the process's own batch order follows (a join starts it afresh)
-            while self.joining and not self._should_stop():  # a replacement: no steps before the joint model
-                time.sleep(0.02)
-            ramped = self.loading is None or self._ramp(gen, bs)  # its rows all there (else: stopped, refused)
-            n = self.features.shape[0]
-            device = None if self.data_on_host else self.device  # rows in file order on the host: indices sorted there
-            batches = BatchOrder(n, bs, gen=gen, device=device) if n else None  # after the ramp's draws
-            while ramped and not self._should_stop():
-                if n == 0:  # an empty partition: nothing to learn from, contribute weight 0
-                    time.sleep(0.05)
-                    if time.time() - self.last_contact > self.spec.idle_timeout_s:
-                        break
-                    continue
-                while self.joining and not self._should_stop():  # told it replaces a lost process
-                    time.sleep(0.02)
-                if self._should_stop():
-                    break
-                joins = self.joins
-                if joins != batches_of:  # joined from the joint model: a fresh process's batches, as a replacement's
-                    batches, batches_of = BatchOrder(n, bs, batch_seed(self.spec.seed, self.id), device=device), joins
-                idx = batches.next()
-                if self.data_on_host:  # rows in file order: fewer, longer reads from the page cache
-                    self._timed_step(self.features, self.labels, idx.sort().values, joins)
-                else:
-                    self._timed_step(self.features, self.labels, idx, joins)
-                if batches.epoch_done and self._driver_gone():
-                    break
-            if self.leaving:  # its executor is being decommissioned: hand in what it holds, then say so
-                hand_in(self)
-                log.warning("agent %s left the run (its executor is being decommissioned)", self.id)
-        except Exception:
-            self.error = f"agent {self.id} training failed:\n{traceback.format_exc()}"
-
-    def _timed_step(self, features: torch.Tensor, labels: torch.Tensor, idx: torch.Tensor, joins: int) -> bool:
-        """One training step on rows ``idx`` (moved to the device where they are not there), drawn after join
-        number ``joins``, on the emulated device's clock, then the rule's hook between steps; in lock step, within
-        the cycle's window.  False where it was not taken (stopping, or a join came since the batch was drawn)."""
-        if self.pace is not None:
-            self.pace.before_step()
-            if self._should_stop():
-                return False
-        started = self.device_clock.start(self.exchange_s)
-        x, y = features[idx], labels[idx]
-        if not self.step(x.to(self.device), y.to(self.device), joins):
-            return False
-        self.device_clock.finish(started, self.exchange_s)  # unlocked: the exchange is served meanwhile
-        t = time.perf_counter()
-        self.rule.between_steps()  # may wait for a round or talk to the parameter service
-        self.exchange_s += time.perf_counter() - t
-        return True
-
-    def _driver_gone(self) -> bool:
-        if time.time() - self.last_contact > self.spec.idle_timeout_s:
-            self.error = f"agent {self.id}: no exchange for {self.spec.idle_timeout_s:.0f}s; driver presumed gone"
-            return True
-        return False
-
-    def _loading_failure(self, loading) -> Tuple[str, bool]:
-        """Why its rows stopped arriving: (the line, whether it is the user's data to fix)."""
-        if loading.problem:
-            return found_in_agent(loading.problem, self.id), True
-        if isinstance(loading.error, UnreadableRows):
-            return found_in_agent(unreadable(self.spec.data.features, self.spec.data.label, loading.error), self.id), True
-        return f"agent {self.id} could not read its rows: {loading.error!r}", False
-
-    def _ramp(self, gen: torch.Generator, bs: int) -> bool:
-        """Training while its rows arrive (:mod:`mpca.data.stream`): ramp step r draws its batch from the first
-        ``ramp_rows(r)`` rows, waiting where fewer are there yet; once they are all there and the ramp covers
-        them, every row goes to the device for the epochs.  False where it must not go on (stopped, its rows
-        refused or unreadable, the driver gone)."""
-        loading, r = self.loading, 0
-        while not self._should_stop():
-            while self.joining and not self._should_stop():
-                time.sleep(0.02)
-            want = ramp_rows(r)
-            there = loading.wait(want, timeout=0.05)
-            if loading.problem or loading.error is not None:
-                self.error, self.user_error = self._loading_failure(loading)
-                return False
-            if loading.done and there <= want:
-                break
-            if there < want:  # its steps outran the rows' arrival
-                if self._driver_gone():
-                    return False
-                continue
-            features, labels = loading.view()
-            joins = self.joins
-            if self._timed_step(features, labels, torch.randint(want, (bs,), generator=gen), joins):
-                r += 1
-        if self._should_stop():
-            return False
-        features, labels = loading.rows()
-        self.features = features if self.data_on_host else features.to(self.device)
-        self.labels = labels if self.data_on_host else labels.to(self.device)
-        self.ramp_steps = r
-        log.info("agent %s: all %d rows there after %d ramp steps", self.id, len(labels), r)
-        return True
-
-    @contextlib.contextmanager
-    def _served(self):
-        """The step lock for a request of the exchange: the training loop lets it in before its next step.
-
-        (CPython's lock is not fair: a loop that releases and re-takes it between millisecond steps could
-        otherwise keep a waiting request out for seconds.)"""
-        with self._waiting_lock:
-            self._waiting += 1
-        try:
-            with self.lock:
-                yield
-        finally:
-            with self._waiting_lock:
-                self._waiting -= 1
-
-    def step(self, x: torch.Tensor, y: torch.Tensor, joins: Optional[int] = None) -> bool:
-        """One step on batch ``(x, y)``, under the step lock; False (not taken) while the agent waits for the joint
-        model, or where a join came after the batch was drawn (``joins``: the joins it was drawn after) — a join
-        starts the batch order afresh, as a replacement process's.  In lock step the window counts the step
-        before the lock is released, so a join between the two cannot count it in its fresh window."""
-        while self._waiting:  # a request of the exchange is waiting for the lock: let it in first
-            time.sleep(0.0002)
-        with self.lock:
-            if self.joining or (joins is not None and joins != self.joins):
-                return False
-            loss = forward_backward(self.rule, self.model, self.optimizer, self.spec.loss_fn, x, y)
-            t = time.perf_counter()
-            self.rule.after_backward()  # e.g. DDP's all-reduce
-            self.exchange_s += time.perf_counter() - t
-            optimizer_step(self.rule, self.optimizer)
-            self.steps += 1
-            if self.pace is not None:
-                self.pace.stepped()
-            self.samples += int(x.shape[0])
-            if self.steps % 10 == 0 or self.steps == 1:  # every 10 steps (a device sync), and the first one
-                self.last_loss = float(loss.detach())
-                if not math.isfinite(self.last_loss):
-                    self._reset(f"loss {self.last_loss} at step {self.steps}")
-        if self.service is not None:
-            self.last_contact = time.time()  # agent-initiated: a dead driver fails the next service request
-        return True
-
-    def _reset(self, why: str) -> None:
-        """Numerical fault (lock held): back to the latest joint model this agent received (the initial one for
-        shards never delivered), with a fresh optimizer; the rule starts over (MPCA: τ from 0)."""
-        self.resets += 1
-        log.warning("agent %s: %s; reset to the joint model (reset %d)", self.id, why, self.resets)
-        with torch.no_grad():
-            for s, pieces in enumerate(self._anchor):
-                torch._foreach_copy_(self.shards.views(s), pieces)
-        self.optimizer = self.spec.optimizer_fn(self.model.parameters())
-        self.rule.ctx.optimizer = self.optimizer
-        self.rule.on_reset()
-
     # ------------------------------------------------------------------ exchange
     def _counters(self) -> dict:
         now = time.time()
@@ -407,164 +242,6 @@ class Agent:
                            attempt=self.attempt,
                            joining=self.joining, lost=self.lost, **kw)
 
-    def _settle(self, cycle: Optional[int], counted: Optional[List[int]]) -> None:
-        """Contributions yielded before ``cycle`` that the driver did not count (``counted``: its recent
-        counted cycles for this agent) were lost on the way: their weight goes back to the rule."""
-        if cycle is None or counted is None:
-            return
-        done = set(counted)
-        for c in [c for c in self._unsettled if c < cycle]:
-            shard, extra = self._unsettled.pop(c)
-            if c not in done:
-                self.lost += 1
-                log.warning("agent %s: its contribution of cycle %d (shard %d) never reached the reduction; "
-                            "its weight carries over to the next one", self.id, c, shard)
-                self.rule.contribution_lost(shard, extra)
-
-    def _joint_pieces(self, payload: bytearray) -> Tuple[List[List[torch.Tensor]], torch.Tensor]:
-        """A join's payload (the whole joint model, exact, in the layout's wire dtype, then the driver rule's join
-        state) as pieces per shard and the state."""
-        vec = torch.from_numpy(np.frombuffer(payload, dtype=_np_dtype(self.spec.layout.wire_dtype)))
-        shards, state = self.spec.layout.split_join(vec)
-        return [self.shards.split(s, part) for s, part in enumerate(shards)], state  # the rule places it
-
-    def _join_service(self, rebuilt_other: bool) -> None:
-        """A replacement of an agent-initiated algorithm (Spark retried its task), an elastic run's agent or one
-        that rebuilt other initial weights (``rebuilt_other``): before its rule is built, the local model becomes
-        the parameter service's current model (the driver rule's join vectors, exact)."""
-        _, payload = self.service.request(protocol.header(SERVICE_OPS, "join", agent=self.id, attempt=self.attempt,
-                                                          rebuilt_other=rebuilt_other))
-        pieces, _ = self._joint_pieces(payload)  # its rule is not built yet: the service's rules keep no join state
-        with torch.no_grad():
-            for s, p in enumerate(pieces):
-                torch._foreach_copy_(self.shards.views(s), p)
-        log.info("agent %s (attempt %d) starts from the parameter service's current model", self.id, self.attempt)
-
-    def _join(self, payload: bytearray, params: dict, cycle: Optional[int] = None) -> None:
-        """Start from the driver's joint model (every shard) of ``cycle``, with a fresh optimizer and fresh
-        counters: deliveries of that cycle or older are not taken after it, and what it yielded before is
-        settled (a Connect run's coordinator that Spark started again counts its cycles from its checkpoint)."""
-        pieces, state = self._joint_pieces(payload)
-        with self._served():
-            if cycle is not None:
-                self._delivered_cycle = [int(cycle)] * self.spec.layout.num_shards
-            self._unsettled.clear()
-            with torch.no_grad():
-                for s, p in enumerate(pieces):
-                    torch._foreach_copy_(self.shards.views(s), p)
-                    self._anchor[s] = p
-                self.rule.joined(pieces, params, state)
-            self.optimizer = self.spec.optimizer_fn(self.model.parameters())
-            self.rule.ctx.optimizer = self.optimizer
-            self.rule.on_reset()
-            self.joining = False
-            self.joins += 1
-            if self.pace is not None:
-                self.pace.reset()
-        log.info("agent %s (attempt %d) joined from the joint model", self.id, self.attempt)
-
-    def handle(self, header: dict, payload: bytearray):
-        """Answer one request of the driver's tasks (:data:`~mpca.runtime.protocol.AGENT_OPS`, checked first)."""
-        try:
-            op = protocol.check(AGENT_OPS, header).name
-        except ValueError as e:
-            return {"error": f"bad request {header.get('op')!r}: {e}"}, None
-        self.last_contact = time.time()
-        if op == "hello":
-            return self.report().to_dict(), None
-        if op == "holdout":  # the rows it set aside (mpca.data.holdout): first their hashes, then rows up to one
-            if self.loading is not None and not self.loading.done:
-                return {"loading": True}, None
-            if self.holdout is None:
-                return {"rows": 0, "label_dtype": "int64"}, None
-            if "up_to" not in header:  # its smallest hashes, int64, as the payload
-                hashes = self.holdout.hashes()
-                return {"rows": len(hashes)}, hashes.tobytes()
-            return self.holdout.rows_up_to(int(header["up_to"]))
-        if op == "claim":
-            token = str(header["token"])
-            with self._served():
-                if token in self.claimed_tokens:
-                    return {"ok": False, "agent": self.id}, None
-                self.claimed_tokens.append(token)
-            extra = {"labels": self.label_counts, "startup": self.startup(),
-                     "initial_model": self.initial_model} if header.get("for") == "hello" else {}
-            return {"ok": True, **self.report(**extra).to_dict()}, None
-        params = header.get("params") or {}
-        cycle = header.get("cycle")
-        if params:
-            self.last_params = params  # the latest cycle's (a rule's parameters are per cycle, not per shard)
-        if op == "join":
-            if self.joining:
-                self._join(payload, params, cycle)
-            return {"ok": True}, None
-        if op == "deliver":
-            s = self._shard(header)
-            vec = torch.from_numpy(self.codec.decode(payload, self.spec.layout.shard_numel(s)))
-            if not bool(torch.isfinite(vec).all()):  # the driver broadcasts finite joint models only
-                raise ValueError(f"shard {s} holds non-finite values (corrupted on the way): not taken")
-            pieces = self.shards.split(s, vec)  # conversion and host→device copy outside the lock
-            with self._served():
-                if cycle is not None:
-                    if int(cycle) <= self._delivered_cycle[s]:  # a late hand-off of an older broadcast
-                        return {"ok": True, "stale": True}, None
-                    self._delivered_cycle[s] = int(cycle)
-
-                def receive(s=s, pieces=pieces, params=params):
-                    self.rule.receive(s, pieces, params)
-                    self._anchor[s] = self.rule.reset_target(s, pieces)  # the latest joint shard: where a reset goes
-
-                if self.pace is None:
-                    receive()
-                else:  # in lock step: received right after this cycle's yield
-                    self.pace.deliver(None if cycle is None else int(cycle), receive)
-            return {"ok": True}, None
-        if op == "yield":
-            s = self._shard(header)
-            if header.get("rejoin") and not self.joining:  # the driver knew another process as this agent
-                with self._served():
-                    self.joining = True
-                log.warning("agent %s: a replacement (its first process was lost); waiting for the joint model",
-                            self.id)
-            if self.joining:  # nothing of its own to give yet
-                vec = torch.zeros(self.spec.layout.shard_numel(s), dtype=self.spec.layout.wire_dtype)
-                return self.report(weight=0.0).to_dict(), vec.numpy().tobytes()
-            timeout_s = float(header.get("timeout_s", TASK_TIMEOUT_S))
-            if self.pace is not None and not self.pace.ready(None if cycle is None else int(cycle), timeout_s):
-                raise TimeoutError(f"agent {self.id} had not taken its lock-step window's {self.pace.gate.steps} "
-                                   f"steps after {timeout_s:.0f}s (step {self.steps})")
-            self.rule.yield_ready(s, params, timeout_s)
-            with self._served():  # materialize the shard between two steps
-                self._settle(cycle, header.get("counted"))
-                vec, weight, extra = self.rule.contribution(s, params)
-                if self.pace is not None:
-                    self.pace.yielded(None if cycle is None else int(cycle), bool(header.get("broadcasts")))
-                if cycle is not None:
-                    self._unsettled[int(cycle)] = (s, extra)
-                    while len(self._unsettled) > 64:  # the driver confirms within a cycle or two
-                        self._unsettled.pop(min(self._unsettled))
-                counters = self._counters()
-                resets = self.resets
-            vec, weight, ok = finite(vec, weight)  # never let NaN/Inf reach the joint model (checked unlocked)
-            if not ok:
-                with self._served():
-                    if self.resets == resets:  # not already reset since the read (the step loop checks too)
-                        self._reset(f"non-finite values in shard {s}")
-            rep = self.report(weight=weight, extra=extra, **{k: counters[k] for k in
-                                                           ("steps_per_s", "loss", "exchange_s", "alive_s",
-                                                            *DeviceClock.FIELDS)})
-            return rep.to_dict(), wire_bytes(self.feedback, s, vec, weight)
-        if op == "stop":
-            self.stop_requested = True
-            return {"ok": True, **self.report().to_dict()}, None
-        return {"error": f"unknown op {op!r}"}, None
-
-    def _shard(self, header: dict) -> int:
-        s = int(header["shard"])
-        if not 0 <= s < self.spec.layout.num_shards:
-            raise ValueError(f"no shard {s}")
-        return s
-
     def serve(self, srv) -> None:
         """Answer the exchange tasks on ``srv`` (:class:`~mpca.runtime.agent_server.ChannelServer`) until it stops."""
         self.server.serve(srv)
@@ -587,10 +264,6 @@ class Agent:
             for client in (self.service, self.leave_watch):
                 if client is not None:
                     client.close()
-
-
-def _np_dtype(dtype: torch.dtype):
-    return {torch.float32: np.float32, torch.float64: np.float64}[dtype]
 
 
 COORDINATOR_WAIT_S = 300.0  # how long a Connect run's agent waits for its coordinator to say where it is

@@ -31,7 +31,7 @@ class TorchCollective(Collective):
 
         self.dist = dist
         self.rendezvous = dict(rendezvous)
-        self.timeout = datetime.timedelta(seconds=120.0)
+        self.timeout: Optional[datetime.timedelta] = None  # the algorithm's, given with the store
         self.ring_group: Optional[Any] = None
         self._store = None
 
