@@ -24,9 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--parameters", type=int, help="your model's parameter count (the teacher MLP sized to it)")
     model.add_argument("-c", "--config", help="your job's YAML (as mpca train -c): its model, optimizer and batch size; "
                        "every cell trains that model on a sample of the job's rows (see --gradients)")
-    step = p.add_mutually_exclusive_group(required=True)
+    step = p.add_mutually_exclusive_group()  # one of them, or -c with a job that sets emulation.device_step_s
     step.add_argument("--device-step-s", type=float, metavar="SECONDS",
-                      help="T: the device time of one training step (emulation.device_step_s)")
+                      help="T: the device time of one training step (emulation.device_step_s; default: the job's "
+                      "with -c)")
     step.add_argument("--measure", action="store_true", help="time a few steps of the model on this host (CPU "
                       "time on one core)")
     p.add_argument("--input-shape", default="", help="one sample's shape for --measure, e.g. 3,32,32 "
@@ -44,9 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agents", default="1,2,4,8,16", help="agent counts to try")
     p.add_argument("--algorithms", default="", help="comma-separated (default: mpca.sim.plan.DEFAULT_ALGORITHMS, "
                    "one agent, mpca and the paper's and today's yardsticks)")
-    p.add_argument("--wire", default="fp32", help="fp32, bf16, int8 or int4")
-    p.add_argument("--device-speed", default="", metavar="AGENT:SPEED,...",
-                   help="stragglers, e.g. 1:0.5: agent 1's steps take T / 0.5 (emulation.device_speed)")
+    p.add_argument("--wire", default=None, help="fp32, bf16, int8 or int4 (wire.format; default: the job's with -c "
+                   "where it sets one, else fp32)")
+    p.add_argument("--device-speed", default=None, metavar="AGENT:SPEED,...",
+                   help="stragglers, e.g. 1:0.5: agent 1's steps take T / 0.5 (emulation.device_speed; default: the "
+                   "job's with -c)")
     refuse_renamed(p, "--step-s", "--speeds")
     add_exchange_cpu_arguments(p)
     p.add_argument("--reduction", type=float, default=0.3, help="target: holdout error falls to this fraction "
@@ -128,8 +131,17 @@ def config_from(args) -> tuple:
             shape = _ints(args.input_shape, "--input-shape") or (tuple(job.data.input_shape) if job else None)
             step = measure_step_s(model, shape, batch)
             how = f"measured on this host: CPU time on one core, the fastest of 10 steps at batch {batch}"
-        else:
+        elif args.device_step_s is not None:
             step, how = args.device_step_s, "given"
+        elif job is not None and job.emulation.device_step_s is not None:
+            step, how = job.emulation.device_step_s, "the job's emulation.device_step_s"
+        else:
+            raise UserError("plan: give --device-step-s SECONDS (one step's device time) or --measure"
+                            + (f"; {args.config} sets no emulation.device_step_s" if job is not None else ""))
+        # the job's own spelling of a setting where the option is not given (as --batch-size)
+        speeds = (parse_device_speed(args.device_speed) if args.device_speed is not None
+                  else dict(job.emulation.device_speed) if job is not None else {})
+        wire = args.wire or (job.wire.format if job is not None else None) or "fp32"
         lines.append(f"model: {what}, {n:,} values exchanged; step {step * 1e3:.3g} ms ({how})")
         own = job is not None and args.gradients == "job"
         if own:
@@ -145,9 +157,9 @@ def config_from(args) -> tuple:
         chosen = tuple(a.strip() for a in args.algorithms.split(",") if a.strip())
         cfg = PlanConfig(parameters=n, device_step_s=step, link_bps=parse_rate(args.link, "plan"), agents=_ints(args.agents, "--agents"),
                          **({"algorithms": chosen} if chosen else {}),
-                         settings=parse_overrides(args.overrides), wire=args.wire, batch_size=batch,
+                         settings=parse_overrides(args.overrides), wire=wire, batch_size=batch,
                          noise_scale=noise, pilot_steps=steps,
-                         device_speed=parse_device_speed(args.device_speed), reduction=args.reduction, target_error=args.target_error, target_loss=args.target_loss, tolerance=args.tolerance,
+                         device_speed=speeds, reduction=args.reduction, target_error=args.target_error, target_loss=args.target_loss, tolerance=args.tolerance,
                          seeds=args.seeds, periods=args.periods, proxy_hidden=_proxy_hidden(args),
                          exchange_cpu_s_per_mb=args.exchange_cpu, host_cores=args.host_cores)
         if own:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mpca.cli import main
+from mpca.errors import UserError
 from mpca.sim.constants import NetworkConstants
 from mpca.sim.grid import GridRow, crossing_time
 from mpca.sim.measure import exchanged_values, measure_step_s, teacher_hidden_for, teacher_mlp_for
@@ -132,6 +133,7 @@ def test_a_short_plan_recommends_what_its_own_times_say(tmp_path):
     (["plan", "--parameters", "1000", "--device-step-s", "0.1", "--target-error", "0.2", "--target-loss", "1.5"],
      "target_error or target_loss, not both"),
     (["plan", "--parameters", "1000", "--device-step-s", "0.1", "--target-loss", "0"], "target_loss"),
+    (["plan", "--parameters", "1000"], "plan: give --device-step-s SECONDS (one step's device time) or --measure"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(argv, says, capsys):
     assert main(argv) == 2
@@ -195,3 +197,33 @@ def test_without_algorithms_the_plan_tries_the_planners_default_set():
     assert cfg.algorithms == DEFAULT_ALGORITHMS
     cfg, _, _ = config_from(p.parse_args(["--parameters", "1000", "--device-step-s", "0.1", "--algorithms", "mpca, sync"]))
     assert cfg.algorithms == ("mpca", "sync")
+
+
+def _plan_config(argv):
+    import argparse
+
+    from mpca.sim.plan_command import add_arguments, config_from
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return config_from(parser.parse_args(argv))[0]
+
+
+def test_with_a_job_the_plan_takes_its_emulated_devices_and_wire_unless_an_option_gives_them(tmp_path):
+    """One spelling per setting: a job's emulation.device_step_s, emulation.device_speed and wire.format are the
+    plan's where no option gives them, as its training.batch_size already was."""
+    job = tmp_path / "job.yaml"
+    job.write_text("data: {dataset: digits}\ntraining: {batch_size: 16}\nwire: {format: int8}\n"
+                   "emulation: {device_step_s: 0.2, device_speed: {1: 0.5}}\n")
+    proxy = ["-c", str(job), "--gradients", "proxy", "--noise-scale", "100"]  # no pilot, no rows read
+    cfg = _plan_config(proxy)
+    assert (cfg.device_step_s, cfg.device_speed, cfg.wire, cfg.batch_size) == (0.2, {1: 0.5}, "int8", 16)
+    cfg = _plan_config(proxy + ["--device-step-s", "0.05", "--device-speed", "2:0.25", "--wire", "bf16",
+                                "--batch-size", "8"])
+    assert (cfg.device_step_s, cfg.device_speed, cfg.wire, cfg.batch_size) == (0.05, {2: 0.25}, "bf16", 8)
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("data: {dataset: digits}\n")
+    cfg = _plan_config(["-c", str(bare), "--gradients", "proxy", "--noise-scale", "100", "--device-step-s", "0.1"])
+    assert (cfg.device_speed, cfg.wire, cfg.batch_size) == ({}, "fp32", 64)  # the plan's own defaults
+    with pytest.raises(UserError, match="bare.yaml sets no emulation.device_step_s"):
+        _plan_config(["-c", str(bare), "--gradients", "proxy", "--noise-scale", "100"])
