@@ -305,6 +305,11 @@ class Campaign:
     cut_until: Dict[str, float] = field(default_factory=dict)  # host -> when its (latest) cut ends
     arrivals: List[dict] = field(default_factory=list)  # each agent process seen: agent, pid, its executor's start
     agents: int = 1  # K: a fault whose drawn agent has no process hits the next agent that has one
+    now: Callable[[], float] = time.time  # the fault schedule's clock (a test gives its own)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True once the run has ended (the fault schedule's sleep)."""
+        return self.stopped.wait(seconds)
 
     def here(self, *parts: str) -> str:
         return os.path.join(self.directory, f"inc-{self.incarnation}", *parts)
@@ -439,20 +444,20 @@ class Campaign:
         clock, once some agent process has been up for ``fault.t`` seconds in all (the startup and a driver's
         resume, while nothing runs that a fault could hit, do not count), and ``fault.t`` becomes the time it fell
         (``up_t`` keeps the schedule's).  A fault the run did not live to is skipped as :data:`ENDED`."""
-        up_s, last, was_up = 0.0, time.time(), False
+        up_s, last, was_up = 0.0, self.now(), False
         for i, fault in enumerate(self.faults):
             if clock == "wall":
-                ended = self.stopped.wait(max(0.0, t0 + fault.t - time.time()))
+                ended = self.wait(max(0.0, t0 + fault.t - self.now()))
             else:
                 ended = False
                 while up_s < fault.t and not ended:
-                    ended = self.stopped.wait(min(UP_POLL_S, fault.t - up_s))
-                    now, is_up = time.time(), self.any_agent_up()
+                    ended = self.wait(min(UP_POLL_S, fault.t - up_s))
+                    now, is_up = self.now(), self.any_agent_up()
                     if was_up and is_up:  # up at both ends of the poll: never early, late by a poll per start
                         up_s += now - last
                     last, was_up = now, is_up
                 if not ended:
-                    fault.up_t, fault.t = fault.t, round(time.time() - t0, 3)
+                    fault.up_t, fault.t = fault.t, round(self.now() - t0, 3)
             if ended:
                 for left in self.faults[i:]:
                     left.skipped = ENDED

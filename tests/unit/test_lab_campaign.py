@@ -365,38 +365,50 @@ def test_a_replacement_s_start_is_the_median_from_its_executor_to_its_model_then
     assert replacement_start([faults[4]], rows) is None
 
 
+class _FakeTime:
+    """The fault schedule's clock and sleep without real time: a wait advances the clock, to the run's end at most."""
+
+    def __init__(self, end: float):
+        self.t, self.end = 0.0, end
+
+    def now(self) -> float:
+        return self.t
+
+    def wait(self, seconds: float) -> bool:
+        self.t = min(self.t + max(seconds, 1e-6), self.end)  # as in real time, a wait takes some time
+        return self.t >= self.end
+
+
 def test_the_up_clock_counts_only_the_seconds_with_an_agent_up_and_the_wall_clock_counts_all(tmp_path, monkeypatch):
     """Campaign.run_faults: on CI's slowest machine the first agent came up 37 s in and 22 of 33 faults fell where
     none was up.  On the up clock a fault at 0.3 s falls 0.3 s after an agent came up (here 0.4 s in, so about
     0.7 s), ``up_t`` keeps the schedule's time; the down time of a resume (0.9–1.3 s) does not count either; a
-    fault the run did not live to is skipped as the run having ended.  The wall clock hits at the time itself."""
-    import time
-    from lab.campaign import ENDED, Campaign
+    fault the run did not live to is skipped as the run having ended.  The wall clock hits at the time itself.
+    On a clock of the test's own, so a loaded machine cannot make it late."""
+    from lab.campaign import ENDED, UP_POLL_S, Campaign
 
-    t0 = time.time()
     up_between = [(0.4, 0.9), (1.3, 99.0)]  # an agent up from 0.4 s, down for the resume, up again from 1.3 s
     fell = []
 
-    def campaign(faults):
-        c = Campaign(str(tmp_path), faults, agents=2)
-        monkeypatch.setattr(c, "agent_pid", lambda agent: 7 if any(a <= time.time() - t0 < b for a, b in up_between)
-                            and agent == 0 else None)
-        monkeypatch.setattr(c, "inject", lambda fault: fell.append((fault.up_t, time.time() - t0)))
+    def campaign(faults, end):
+        clock = _FakeTime(end)
+        c = Campaign(str(tmp_path), faults, agents=2, now=clock.now)
+        monkeypatch.setattr(c, "wait", clock.wait)
+        monkeypatch.setattr(c, "agent_pid", lambda agent: 7 if agent == 0 and any(a <= clock.t < b for a, b in
+                                                                                  up_between) else None)
+        monkeypatch.setattr(c, "inject", lambda fault: fell.append((fault.up_t, clock.t)))
         return c
 
-    up = campaign([Fault(0.3, "nan", 0), Fault(0.7, "nan", 1), Fault(50.0, "kill", 1)])
-    threading.Timer(2.0, up.stopped.set).start()
-    up.run_faults(t0, "up")
+    up = campaign([Fault(0.3, "nan", 0), Fault(0.7, "nan", 1), Fault(50.0, "kill", 1)], end=2.0)
+    up.run_faults(0.0, "up")
     assert [f[0] for f in fell] == [0.3, 0.7]
-    # never early; late by at most a poll (UP_POLL_S, 0.1 s) each time an agent came up
-    assert 0.7 <= fell[0][1] <= 0.85, fell  # 0.4 s down, then 0.3 s up
-    assert 1.5 <= fell[1][1] <= 1.75, fell  # 0.5 s up by 0.9 s, 0.2 s more from 1.3 s
-    assert [f.t for f in up.faults[:2]] == [pytest.approx(fell[0][1], abs=0.01), pytest.approx(fell[1][1], abs=0.01)]
+    # never early; late by at most a poll (UP_POLL_S) each time an agent came up
+    assert 0.7 <= fell[0][1] <= 0.7 + UP_POLL_S + 1e-9, fell  # 0.4 s down, then 0.3 s up
+    assert 1.5 <= fell[1][1] <= 1.5 + 2 * UP_POLL_S + 1e-9, fell  # 0.5 s up by 0.9 s, 0.2 s more from 1.3 s
+    assert [f.t for f in up.faults[:2]] == [pytest.approx(fell[0][1], abs=1e-3), pytest.approx(fell[1][1], abs=1e-3)]
     assert up.faults[2].skipped == ENDED and up.faults[2].t == 50.0 and up.faults[2].up_t is None
     fell.clear()
-    t0 = time.time()
-    wall = campaign([Fault(0.3, "nan", 0), Fault(60.0, "nan", 1)])
-    threading.Timer(0.6, wall.stopped.set).start()
-    wall.run_faults(t0, "wall")
-    assert len(fell) == 1 and fell[0][0] is None and 0.3 <= fell[0][1] <= 0.4, fell
+    wall = campaign([Fault(0.3, "nan", 0), Fault(60.0, "nan", 1)], end=0.6)
+    wall.run_faults(0.0, "wall")
+    assert fell == [(None, pytest.approx(0.3))]
     assert wall.faults[1].skipped == ENDED
